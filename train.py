@@ -1,0 +1,427 @@
+"""Train a YOLO detector. One loop, top to bottom; each trick sits where it acts, with the reason.
+
+    python train.py                                         # the n model on the built-in shapes set
+    python train.py --data coco.yaml --model s --batch 64 --device 0
+    torchrun --nproc_per_node 8 train.py --data coco.yaml --batch 256
+    python train.py --resume                                # newest runs/train/*/weights/last.pt
+
+Hyperparameters live in the HYP table below; every entry is also a flag (--lr0 0.02).
+"""
+
+import argparse
+import contextlib
+import csv
+import json
+import math
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import yaml
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from models.yolo import YOLO, count_gflops, count_parameters
+from utils.checkpoint import FORMAT, CheckpointError, find_last_checkpoint, load_checkpoint, rng_states, save_checkpoint, set_rng_states
+from utils.data import DatasetError, EpochBatchSampler, TrainDataset, ValDataset, fix_cv2_and_file_limits, load_dataset_yaml, load_verified, make_loader
+from utils.distributed import all_agree, barrier, setup_distributed
+from utils.ema import ModelEMA, unwrap
+from utils.evaluate import evaluate, format_table
+from utils.general import install_crash_handler, next_run_dir, seed_everything, setup_logging, write_crash
+from utils.loss import DetectionLoss
+from utils.optim import build_optimizer, set_learning_rate
+from utils.plots import plot_confusion_matrix, plot_pr_curve, plot_results
+
+# -----------------------------------------------------------------------------------------------
+# Hyperparameters (each is also a flag: --lr0 0.02, --close-mosaic 5, ...)
+HYP = dict(
+    optimizer="auto",  # sgd | adamw | auto = adamw for runs under 10k iterations, sgd otherwise
+    lr0=0.0,  # initial learning rate; 0 = the optimizer's usual value (sgd 0.01, adamw 0.002)
+    lrf=0.01,  # final learning rate = lr0 * lrf
+    schedule="linear",  # linear | cosine decay after warmup
+    momentum=0.937,  # SGD momentum / AdamW beta1
+    weight_decay=5e-4,  # scaled by (batch * accumulate / nominal_batch)
+    warmup_epochs=3.0,  # at least 100 iterations
+    warmup_momentum=0.8,
+    warmup_bias_lr=0.1,  # sgd only: biases start high and come down
+    nominal_batch=64,  # gradients are accumulated until a step has seen this many images
+    clip_grad=10.0,  # max gradient norm
+    box=7.5,  # loss gains
+    cls=0.5,
+    dfl=1.5,
+    hsv_h=0.015,  # augmentation: HSV jitter fractions
+    hsv_s=0.7,
+    hsv_v=0.4,
+    degrees=0.0,  # rotation (+/- deg)
+    translate=0.1,  # translation (+/- fraction)
+    scale=0.5,  # scale gain (+/-)
+    shear=0.0,  # shear (+/- deg)
+    flipud=0.0,  # probabilities
+    fliplr=0.5,
+    mosaic=1.0,
+    mixup=0.0,
+    close_mosaic=10,  # no mosaic in the last N epochs: finish on images that look like test images
+    ema_decay=0.9999,
+    ema_tau=2000,  # EMA decay ramps up over ~tau updates
+)
+MAX_BAD_LOSSES = 5  # non-finite losses in a row before the run stops and writes crash/
+
+# -----------------------------------------------------------------------------------------------
+# Command line
+parser = argparse.ArgumentParser(description="Train a YOLO detector", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+parser.add_argument("--data", default="data/shapes.yaml", help="dataset yaml")
+parser.add_argument("--model", default="n", help="n, s, m, l, x, or a .pt to start from (its scale and weights)")
+parser.add_argument("--weights", default="", help="initialise from this checkpoint (layers that match)")
+parser.add_argument("--epochs", type=int, default=0, help="0 = the dataset yaml's 'epochs', else 100")
+parser.add_argument("--batch", type=int, default=16, help="total batch size over all GPUs")
+parser.add_argument("--imgsz", type=int, default=0, help="training size; 0 = the dataset yaml's 'imgsz', else 640")
+parser.add_argument("--device", default="", help="cpu, 0, 0,1,2,3 (under torchrun: each rank uses LOCAL_RANK)")
+parser.add_argument("--workers", type=int, default=2, help="data-loader processes per rank")
+parser.add_argument("--out", default="", help="run folder (default runs/train/exp, exp2, ...)")
+parser.add_argument("--resume", nargs="?", const=True, default=False, help="resume from last.pt (newest if no path)")
+parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--deterministic", action="store_true", help="deterministic algorithms (exact resume on CPU)")
+parser.add_argument("--subset", type=int, default=0, help="use only the first N train and val images (debugging)")
+parser.add_argument("--cache", nargs="?", const="ram", default="", choices=["", "ram"], help="keep decoded images in RAM")
+parser.add_argument("--multi-scale", action="store_true", help="vary the image size +/-50%% per iteration")
+parser.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across GPUs (DDP)")
+parser.add_argument("--accumulate", type=int, default=0, help="micro-batches per optimizer step; 0 = reach nominal_batch")
+parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None, help="mixed precision (default: on for CUDA)")
+parser.add_argument("--freeze", default="", help="comma-separated parameter-name prefixes to freeze, e.g. stem,down2,stage2")
+parser.add_argument("--save-every", type=int, default=0, help="also save last.pt every N iterations")
+parser.add_argument("--val-every", type=int, default=1, help="validate every N epochs (and after the last)")
+parser.add_argument("--benchmark", type=int, default=0, help="train N iterations, print images/s, exit")
+parser.add_argument("--profile", action="store_true", help="write a torch profiler trace of a few steps")
+parser.add_argument("--checkpoint-activations", action="store_true", help="recompute activations in backward to save memory")
+for key, value in HYP.items():
+    names = [f"--{key}"] + ([f"--{key.replace('_', '-')}"] if "_" in key else [])
+    parser.add_argument(*names, dest=key, type=type(value), default=value, help="hyperparameter")
+args = parser.parse_args()
+
+# -----------------------------------------------------------------------------------------------
+# Set-up: resume, devices, run folder, logging
+fix_cv2_and_file_limits()  # seed 001, items 6-7 (and again in every data-loader worker)
+checkpoint = None
+if args.resume:
+    path = args.resume if isinstance(args.resume, str) else find_last_checkpoint()
+    if path is None:
+        sys.exit("--resume: no runs/train/*/weights/last.pt found; give the checkpoint's path")
+    try:
+        checkpoint = load_checkpoint(path)
+    except CheckpointError as e:
+        sys.exit(f"--resume: {e}")
+    if "optimizer" not in checkpoint:
+        sys.exit(f"--resume: {path} holds no training state (best.pt has none); resume from last.pt")
+    # The run continues with the arguments it was started with; only where it runs may change.
+    args = argparse.Namespace(**{**checkpoint["args"], "resume": str(path), "device": args.device, "workers": args.workers})
+    args.out = str(Path(path).parents[1])
+
+device, rank, local_rank, world_size = setup_distributed(args.device)
+is_main = rank == 0
+seed_everything(args.seed + rank, args.deterministic)  # per-rank seeds; the data's randomness is per sample
+if is_main:
+    run_dir = Path(args.out) if args.out else next_run_dir("runs/train/exp")
+    (run_dir / "weights").mkdir(parents=True, exist_ok=True)
+if world_size > 1:  # every rank writes nothing, but all must agree on the folder
+    shared = [str(run_dir) if is_main else None]
+    dist.broadcast_object_list(shared, src=0)
+    run_dir = Path(shared[0])
+args.out = str(run_dir)
+log = setup_logging(run_dir / "train.log" if is_main else None, rank)
+crash_context = {"args": vars(args), "epoch": None, "iteration": None, "last_checkpoint": None, "batch": None}
+if is_main:
+    install_crash_handler(run_dir, crash_context)  # any uncaught exception writes crash/ first
+    (run_dir / "args.yaml").write_text(yaml.safe_dump(vars(args), sort_keys=False))
+
+# -----------------------------------------------------------------------------------------------
+# Data (rank 0 verifies the labels and writes the cache; the others then read it)
+try:
+    if not is_main:
+        barrier(world_size)
+    data = load_dataset_yaml(args.data)
+    train_records = load_verified(data["train"], data["nc"], "train")
+    val_records = load_verified(data["val"], data["nc"], "val")
+    if is_main:
+        barrier(world_size)
+except DatasetError as e:
+    sys.exit(f"error: {e}")
+dataset_cfg = yaml.safe_load(Path(data["yaml"]).read_text())
+args.epochs = args.epochs or dataset_cfg.get("epochs", 100)
+args.imgsz = args.imgsz or dataset_cfg.get("imgsz", 640)
+if args.subset:
+    train_records, val_records = train_records[: args.subset], val_records[: args.subset]
+names, nc = data["names"], data["nc"]
+if args.imgsz % 32:
+    sys.exit(f"--imgsz {args.imgsz} must be a multiple of 32 (the largest stride)")
+if args.batch % world_size:
+    sys.exit(f"--batch {args.batch} must be divisible by the number of processes ({world_size})")
+batch = args.batch // world_size  # --batch is the total over all GPUs
+accumulate = args.accumulate or max(round(args.nominal_batch / args.batch), 1)
+batches_per_epoch = -(-len(train_records) // args.batch)
+
+# -----------------------------------------------------------------------------------------------
+# Model, EMA, optimizer, loss
+scale, init_from = args.model, args.weights
+if args.model.endswith(".pt"):
+    init_from, scale = args.model, load_checkpoint(args.model)["scale"]
+model = YOLO(scale, nc, checkpoint_activations=args.checkpoint_activations)
+if init_from and checkpoint is None:
+    source = load_checkpoint(init_from)
+    weights = source.get("ema") or source["model"]
+    own = model.state_dict()
+    matching = {k: v for k, v in weights.items() if k in own and own[k].shape == v.shape}
+    model.load_state_dict(matching, strict=False)
+    log.info(f"initialised {len(matching)}/{len(own)} tensors from {init_from}")
+for name, p in model.named_parameters():
+    p.requires_grad_(not any(name.startswith(prefix) for prefix in args.freeze.split(",") if prefix))
+model.to(device)
+if args.sync_bn and world_size > 1:
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # seed 001, M3: torch's own, current SyncBN
+ema = ModelEMA(model, args.ema_decay, args.ema_tau)
+
+if args.optimizer == "auto":  # Adam-style for short runs, SGD for long ones (what Ultralytics' "auto" does)
+    args.optimizer = "adamw" if args.epochs * batches_per_epoch < 10_000 else "sgd"
+args.lr0 = args.lr0 or {"sgd": 0.01, "adamw": 0.002}[args.optimizer]
+if args.optimizer == "adamw":
+    args.warmup_bias_lr = min(args.warmup_bias_lr, args.lr0)  # a 0.1 start is far too high for Adam
+weight_decay = args.weight_decay * args.batch * accumulate / args.nominal_batch
+optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weight_decay)
+hyp = {k: getattr(args, k) for k in HYP}
+
+use_amp = args.amp if args.amp is not None else device.type == "cuda"
+amp_dtype = torch.bfloat16 if device.type == "cpu" or torch.cuda.is_bf16_supported() else torch.float16
+# fp16 needs loss scaling; its state goes into the checkpoint (seed 001, T1). bf16 does not need it.
+scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
+loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl)
+
+start_epoch, start_iteration, best_fitness = 0, 0, -1.0
+if checkpoint is not None:
+    model.load_state_dict(checkpoint["model"])
+    ema.ema.load_state_dict(checkpoint["ema"])
+    ema.updates = checkpoint["ema_updates"]
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    scaler.load_state_dict(checkpoint["scaler"])
+    start_epoch, start_iteration, best_fitness = checkpoint["epoch"], checkpoint["iteration"], checkpoint["best_fitness"]
+    set_rng_states(checkpoint["rng"])
+    log.info(f"resuming {args.resume} at epoch {start_epoch}, iteration {start_iteration}")
+if world_size > 1:
+    # seed 001, M2: keep each rank's BN statistics (no broadcast from rank 0 every forward);
+    # validation and best.pt use the EMA, one consistent model.
+    model = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None, broadcast_buffers=False)
+
+train_set = TrainDataset(train_records, args.imgsz, hyp, args.seed, mosaic_epochs=args.epochs - args.close_mosaic, cache_ram=args.cache == "ram")
+sampler = EpochBatchSampler(len(train_set), batch, args.seed, rank, world_size, start_epoch, start_iteration)
+train_loader = make_loader(train_set, sampler, workers=args.workers, pin_memory=device.type == "cuda")  # pinned: async copies
+batches = iter(train_loader)  # one iterator for the whole run: workers live as long as the run
+if is_main:
+    val_set = ValDataset(val_records, args.imgsz, batch * 2, cache_ram=args.cache == "ram")
+    val_loader = make_loader(val_set, batch_size=batch * 2, workers=args.workers, pin_memory=device.type == "cuda")
+nb = len(sampler)
+warmup_iterations = max(round(args.warmup_epochs * nb), 100) if args.warmup_epochs > 0 else 0
+log.info(
+    f"model {scale}: {count_parameters(unwrap(model)) / 1e6:.2f} M parameters, {count_gflops(unwrap(model), 640):.1f} GFLOPs at 640 | "
+    f"{len(train_records)} train / {len(val_records)} val images, {nc} classes | {args.epochs} epochs at {args.imgsz} px, "
+    f"batch {args.batch} x accumulate {accumulate} | {args.optimizer} lr0 {args.lr0} | {device}"
+    + (f" x {world_size} processes" if world_size > 1 else "")
+    + (f" | amp {str(amp_dtype).split('.')[-1]}" if use_amp else "")
+)
+
+
+def training_state(epoch, iteration):
+    """last.pt: everything an exact resume needs. Plain tensors and numbers only (weights_only)."""
+    return {
+        "format": FORMAT, "scale": scale, "nc": nc, "names": names, "imgsz": args.imgsz,
+        "model": unwrap(model).state_dict(), "ema": ema.ema.state_dict(), "ema_updates": ema.updates,
+        "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+        "epoch": epoch, "iteration": iteration, "best_fitness": best_fitness,
+        "rng": rng_states(), "args": vars(args),
+    }  # fmt: skip
+
+
+stop_requested = False
+
+
+def request_stop(signum, frame):
+    """SIGTERM (cluster pre-emption) or Ctrl+C: finish the step, save last.pt, exit 0.
+    A second Ctrl+C stops at once."""
+    global stop_requested
+    if stop_requested and signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    stop_requested = True
+    log.warning(f"{signal.Signals(signum).name}: stopping after this step (last.pt will be saved)")
+
+
+signal.signal(signal.SIGTERM, request_stop)
+signal.signal(signal.SIGINT, request_stop)
+results_csv = run_dir / "results.csv"
+columns = ["epoch", "box_loss", "cls_loss", "dfl_loss", "precision", "recall", "mAP50", "mAP50-95", "lr", "seconds", "oom_retries", "skipped_batches", "bad_losses"]
+if is_main and (checkpoint is None or not results_csv.exists()):
+    results_csv.write_text(",".join(columns) + "\n")
+elif is_main:  # a killed run may have written rows past its last save: drop them, they are redone
+    rows = [r for r in csv.DictReader(results_csv.open()) if int(r["epoch"]) <= start_epoch]
+    results_csv.write_text(",".join(columns) + "\n" + "".join(",".join(r[c] for c in columns) + "\n" for r in rows))
+try:
+    from torch.utils.tensorboard import SummaryWriter  # optional: scalars when tensorboard is installed
+
+    tensorboard = SummaryWriter(str(run_dir)) if is_main else None
+except ImportError:
+    tensorboard = None
+profiler = None
+if args.profile and is_main:
+    profiler = torch.profiler.profile(
+        schedule=torch.profiler.schedule(wait=1, warmup=1, active=3),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(run_dir / "profile_trace.json")),
+        record_shapes=True,
+    )
+    profiler.start()
+
+# -----------------------------------------------------------------------------------------------
+# The loop
+bad_losses_in_a_row, pending_save, benchmark_start = 0, False, None
+for epoch in range(start_epoch, args.epochs):
+    model.train()
+    epoch_start = time.time()
+    first = start_iteration if epoch == start_epoch else 0
+    sums = torch.zeros(3, device=device)
+    counts = dict(steps=0, oom_retries=0, skipped_batches=0, bad_losses=0)
+    if epoch == args.epochs - args.close_mosaic and is_main and hyp["mosaic"] > 0:
+        log.info(f"epoch {epoch + 1}: mosaic off for the last {args.close_mosaic} epochs")
+    progress = tqdm(range(first, nb), desc=f"{epoch + 1}/{args.epochs}", disable=not is_main, dynamic_ncols=True, initial=first, total=nb)
+    for i in progress:
+        images, targets = next(batches)
+        iteration = epoch * nb + i
+        crash_context.update(epoch=epoch, iteration=i, batch={"images": images, "targets": targets})
+        lr = set_learning_rate(optimizer, iteration, epoch, hyp, args.epochs, warmup_iterations)
+        images = images.to(device, non_blocking=True).float() / 255  # seed 001, D3: uint8 RGB -> 0..1, last
+        targets = targets.to(device)
+        if args.multi_scale:  # the size is a pure function of (seed, iteration): all ranks agree (seed 001, M4)
+            size = random.Random(args.seed * 1_000_003 + iteration).randrange(args.imgsz // 2, args.imgsz * 3 // 2 + 32, 32)
+            if size != images.shape[-1]:
+                targets[:, 2:] *= size / images.shape[-1]
+                images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
+        last_micro_step = (i + 1) % accumulate == 0 or i == nb - 1
+        # seed 001, M5: under DDP, only the last micro-step of an accumulation all-reduces gradients.
+        sync = contextlib.nullcontext() if world_size == 1 or last_micro_step else model.no_sync()
+
+        # Forward and backward. On CUDA out-of-memory (seed 001, D5: usually one image with very many
+        # boxes, the assigner's memory grows with them) redo the step with the assignment on the CPU;
+        # if that fails too, skip the batch. Counted, logged, never a dead run.
+        loss = None
+        for assign_on in (None, "cpu"):
+            backward_started = False
+            try:
+                with sync, torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
+                    loss, parts = loss_fn(model(images), targets, assign_on=assign_on)
+                    bad = all_agree(not torch.isfinite(loss).item(), world_size, device)
+                    if not bad:  # a NaN/Inf loss is skipped on every rank, never backpropagated
+                        backward_started = True
+                        scaler.scale(loss * world_size).backward()  # DDP averages over ranks; undo that
+                break
+            except torch.OutOfMemoryError:
+                loss = None
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                if backward_started:  # half-accumulated gradients are garbage: drop this window
+                    optimizer.zero_grad(set_to_none=True)
+                log.warning(f"out of memory at epoch {epoch + 1} iteration {i} ({len(targets)} boxes); " + ("retrying with the assignment on the CPU" if assign_on is None else "skipping this batch"))
+                counts["oom_retries" if assign_on is None else "skipped_batches"] += 1
+        if loss is None:
+            continue
+        if bad:
+            counts["bad_losses"] += 1
+            bad_losses_in_a_row += 1
+            log.warning(f"non-finite loss at epoch {epoch + 1} iteration {i}: step skipped ({bad_losses_in_a_row} in a row)")
+            if bad_losses_in_a_row >= MAX_BAD_LOSSES:
+                if is_main:
+                    path = write_crash(run_dir, f"{bad_losses_in_a_row} non-finite losses in a row", crash_context)
+                    log.error(f"stopping: {bad_losses_in_a_row} non-finite losses in a row; context written to {path}")
+                sys.exit(1)
+        else:
+            bad_losses_in_a_row = 0
+            sums += parts
+            counts["steps"] += 1
+
+        if last_micro_step:
+            scaler.unscale_(optimizer)  # clip the true gradients, not the loss-scaled ones
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            ema.update(model)
+            if profiler:
+                profiler.step()
+            # Saving and stopping happen only here, between optimizer steps, so that no accumulated
+            # gradient is lost: the saved state is exactly what an uninterrupted run has.
+            pending_save |= bool(args.save_every) and (i + 1) % args.save_every < accumulate
+            if all_agree(stop_requested, world_size, device):
+                if is_main:
+                    save_checkpoint(training_state(epoch, i + 1), run_dir / "weights" / "last.pt")
+                    log.info(f"saved {run_dir / 'weights' / 'last.pt'} at epoch {epoch + 1} iteration {i + 1}; resume with --resume")
+                sys.exit(0)
+            if pending_save and is_main:
+                save_checkpoint(training_state(epoch, i + 1), run_dir / "weights" / "last.pt")
+                crash_context["last_checkpoint"] = str(run_dir / "weights" / "last.pt")
+            pending_save = False
+
+        if is_main:
+            means = (sums / max(counts["steps"], 1)).tolist()
+            memory = torch.cuda.memory_reserved(device) / 2**30 if device.type == "cuda" else 0
+            rate = (i + 1 - first) * args.batch / (time.time() - epoch_start)
+            progress.set_postfix_str(f"box {means[0]:.3f} cls {means[1]:.3f} dfl {means[2]:.3f} lr {lr:.2e} mem {memory:.1f}G {rate:.1f} img/s")
+        if args.benchmark:  # images/s over N iterations after 2 warm-up iterations
+            if iteration == 2:
+                benchmark_start = time.time()
+            if iteration == args.benchmark + 2:
+                seconds = time.time() - benchmark_start
+                print(f"benchmark: {args.benchmark * args.batch / seconds:.2f} images/s ({seconds / args.benchmark * 1000:.0f} ms/iteration, batch {args.batch}, {args.imgsz} px, {device})")
+                sys.exit(0)
+    if profiler:
+        profiler.stop()
+        profiler = None
+
+    # End of epoch: rank 0 validates the EMA model and saves; the others wait.
+    final_epoch = epoch == args.epochs - 1
+    if is_main:
+        metrics = {"precision": float("nan"), "recall": float("nan"), "mAP50": float("nan"), "mAP50-95": float("nan")}
+        if (epoch + 1) % args.val_every == 0 or final_epoch:
+            metrics = evaluate(ema.ema, val_loader, names, device, data["coco_json"], half=False)["metrics"]
+            fitness = metrics["mAP50-95"]
+            if fitness > best_fitness:
+                best_fitness = fitness
+                best = {"format": FORMAT, "scale": scale, "nc": nc, "names": names, "imgsz": args.imgsz, "model": ema.ema.state_dict(), "epoch": epoch + 1, "metrics": metrics, "args": vars(args)}
+                save_checkpoint(best, run_dir / "weights" / "best.pt")  # deployable: EMA weights, no optimizer
+        losses = (sums / max(counts["steps"], 1)).tolist()
+        row = [epoch + 1, *losses, metrics["precision"], metrics["recall"], metrics["mAP50"], metrics["mAP50-95"], lr, time.time() - epoch_start, counts["oom_retries"], counts["skipped_batches"], counts["bad_losses"]]
+        with results_csv.open("a") as f:
+            f.write(",".join(f"{v:.5g}" if isinstance(v, float) else str(v) for v in row) + "\n")
+        plot_results(results_csv, run_dir / "results.png")
+        if tensorboard:
+            for column, value in zip(columns[1:], row[1:]):
+                tensorboard.add_scalar(column, value, epoch + 1)
+        log.info(
+            f"epoch {epoch + 1}/{args.epochs}: box {losses[0]:.3f} cls {losses[1]:.3f} dfl {losses[2]:.3f} | P {metrics['precision']:.3f} R {metrics['recall']:.3f} "
+            f"mAP50 {metrics['mAP50']:.3f} mAP50-95 {metrics['mAP50-95']:.3f} | {time.time() - epoch_start:.0f} s"
+            + "".join(f" | {k.replace('_', ' ')} {v}" for k, v in counts.items() if k != "steps" and v)
+        )
+        save_checkpoint(training_state(epoch + 1, 0), run_dir / "weights" / "last.pt")
+        crash_context["last_checkpoint"] = str(run_dir / "weights" / "last.pt")
+    barrier(world_size)
+
+# -----------------------------------------------------------------------------------------------
+# After training: evaluate best.pt once more with plots, and write metrics.json
+if is_main:
+    best = load_checkpoint(run_dir / "weights" / "best.pt")
+    ema.ema.load_state_dict(best["model"])
+    result = evaluate(ema.ema, val_loader, names, device, data["coco_json"])
+    log.info(f"best.pt (epoch {best['epoch']}):\n" + format_table(result, names))
+    (run_dir / "metrics.json").write_text(json.dumps(result["metrics"], indent=2))
+    plot_pr_curve(result["curves"], names, [r["mAP50"] for r in result["per_class"]], run_dir / "pr_curve.png")
+    plot_confusion_matrix(result["confusion"], names, run_dir / "confusion_matrix.png")
+    log.info(f"done in {run_dir}: weights/best.pt, weights/last.pt, results.csv, results.png")
+if world_size > 1:
+    dist.destroy_process_group()

@@ -1,0 +1,91 @@
+"""Task-aligned label assignment (TOOD / YOLOv8): which anchors learn which ground-truth box.
+
+For every (box, anchor) pair: alignment = score_of_box_class ** alpha * IoU ** beta.
+Candidates: anchors whose centre lies inside the box; each box keeps its top-k candidates by
+alignment; an anchor claimed by several boxes goes to the one it overlaps most. Class targets
+are soft: one-hot scaled by the normalised alignment, so a well-placed anchor is asked for a
+high score and a poorly placed one for a low score (IoU-aware classification).
+
+Memory grows as batch x boxes x anchors: this is the part of a step that runs out of GPU memory
+on an image with thousands of boxes (seed 001, item 5). `assign_targets(..., device="cpu")`
+runs it on the CPU and returns the results on the caller's device.
+"""
+
+import torch
+from torchvision.ops import complete_box_iou_loss
+
+
+@torch.no_grad()
+def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask, topk=10, alpha=0.5, beta=6.0, min_size=8.5, device=None):
+    """
+    pred_scores: (b, A, nc) probabilities;  pred_boxes: (b, A, 4) xyxy pixels;  anchors: (A, 2) pixels
+    gt_labels: (b, n, 1);  gt_boxes: (b, n, 4) xyxy pixels;  gt_mask: (b, n, 1), 1 for real boxes (rest is padding)
+    min_size: boxes smaller than this are grown (for candidate selection only) so that a tiny object
+              always contains a stride-8 anchor centre (centres are 8 px apart, so any open interval
+              longer than 8 holds one); without it, an object smaller than a cell that falls between
+              centres gets no anchor and is never learned.
+    device: where to compute ("cpu" for the OOM retry); results come back on pred_scores' device.
+    Returns target_boxes (b, A, 4), target_scores (b, A, nc), foreground mask (b, A) bool,
+    and the index of the assigned box per anchor (b, A).
+    """
+    home = pred_scores.device
+    if device is not None:
+        pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask = (
+            t.to(device) for t in (pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask)
+        )
+    b, num_anchors, nc = pred_scores.shape
+    n = gt_boxes.shape[1]
+    if n == 0:
+        return (
+            torch.zeros_like(pred_boxes).to(home),
+            torch.zeros_like(pred_scores).to(home),
+            torch.zeros(b, num_anchors, dtype=torch.bool, device=home),
+            torch.zeros(b, num_anchors, dtype=torch.long, device=home),
+        )
+
+    # Candidates: anchor centre strictly inside the (possibly grown) box.
+    centre, size = (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2, (gt_boxes[..., 2:] - gt_boxes[..., :2]).clamp(min=min_size)
+    grown = torch.cat((centre - size / 2, centre + size / 2), -1)
+    deltas = torch.cat((anchors[None, None] - grown[:, :, None, :2], grown[:, :, None, 2:] - anchors[None, None]), -1)
+    in_box = deltas.amin(-1) > 1e-9  # b, n, A
+    valid = in_box & gt_mask.bool()
+
+    # Alignment metric, only where it can matter (saves the IoU of every far-away pair).
+    overlaps = torch.zeros(b, n, num_anchors, dtype=pred_boxes.dtype, device=pred_boxes.device)
+    box_scores = torch.zeros_like(overlaps)
+    batch_index = torch.arange(b, device=gt_labels.device).view(-1, 1).expand(-1, n)
+    box_scores[valid] = pred_scores.transpose(1, 2)[batch_index, gt_labels.squeeze(-1).long()][valid]
+    pairs_pred = pred_boxes.unsqueeze(1).expand(-1, n, -1, -1)[valid]
+    pairs_gt = gt_boxes.unsqueeze(2).expand(-1, -1, num_anchors, -1)[valid]
+    overlaps[valid] = (1 - complete_box_iou_loss(pairs_gt, pairs_pred, reduction="none")).clamp_(0).to(overlaps.dtype)
+    alignment = box_scores.pow(alpha) * overlaps.pow(beta)
+
+    # Top-k candidates per box by alignment (ties between equal metrics broken by topk's order).
+    k = min(topk, num_anchors)
+    topk_index = alignment.topk(k, -1).indices  # b, n, k
+    in_topk = torch.zeros_like(alignment, dtype=torch.bool).scatter_(-1, topk_index, True)
+    positive = (in_topk & valid).to(alignment.dtype)  # b, n, A
+
+    # An anchor claimed by several boxes keeps only the box it overlaps most.
+    claims = positive.sum(1)  # b, A
+    if claims.max() > 1:
+        multi = (claims > 1).unsqueeze(1).expand(-1, n, -1)
+        best = torch.zeros_like(positive).scatter_(1, overlaps.argmax(1, keepdim=True), 1)
+        positive = torch.where(multi, best, positive)
+    foreground = positive.sum(1) > 0
+    assigned = positive.argmax(1)  # b, A: index of the box each anchor learns
+
+    flat = assigned + torch.arange(b, device=assigned.device)[:, None] * n
+    target_labels = gt_labels.long().flatten()[flat].clamp_(0)
+    target_boxes = gt_boxes.view(-1, 4)[flat]
+    target_scores = torch.zeros(b, num_anchors, nc, dtype=pred_scores.dtype, device=pred_scores.device)
+    target_scores.scatter_(2, target_labels.unsqueeze(-1), 1)
+    target_scores *= foreground.unsqueeze(-1)
+
+    # Soft targets: the best anchor of each box gets its IoU, the rest scale down with alignment.
+    alignment *= positive
+    best_alignment = alignment.amax(-1, keepdim=True)
+    best_overlap = (overlaps * positive).amax(-1, keepdim=True)
+    norm = (alignment * best_overlap / (best_alignment + 1e-9)).amax(1).unsqueeze(-1)
+    target_scores *= norm
+    return target_boxes.to(home), target_scores.to(home), foreground.to(home), assigned.to(home)

@@ -1,0 +1,97 @@
+"""Box helpers: formats, anchors, letterbox inverse mapping, and NMS post-processing.
+
+Conventions: `xyxy` = corners in pixels, `xywh` = centre and size in pixels, `xywhn` = centre
+and size normalised to 0..1 (the YOLO label format).
+"""
+
+import numpy as np
+import torch
+import torchvision
+
+
+def xywh_to_xyxy(b):
+    out = b.clone() if isinstance(b, torch.Tensor) else np.array(b, dtype=np.float32, copy=True)
+    out[..., 0] = b[..., 0] - b[..., 2] / 2
+    out[..., 1] = b[..., 1] - b[..., 3] / 2
+    out[..., 2] = b[..., 0] + b[..., 2] / 2
+    out[..., 3] = b[..., 1] + b[..., 3] / 2
+    return out
+
+
+def xyxy_to_xywh(b):
+    out = b.clone() if isinstance(b, torch.Tensor) else np.array(b, dtype=np.float32, copy=True)
+    out[..., 0] = (b[..., 0] + b[..., 2]) / 2
+    out[..., 1] = (b[..., 1] + b[..., 3]) / 2
+    out[..., 2] = b[..., 2] - b[..., 0]
+    out[..., 3] = b[..., 3] - b[..., 1]
+    return out
+
+
+def make_anchors(maps, strides, offset=0.5):
+    """Anchor points (cell centres, in grid units of their level) and their strides, for every level."""
+    points, stride_column = [], []
+    for m, s in zip(maps, strides):
+        h, w = m.shape[-2:]
+        sy, sx = torch.meshgrid(
+            torch.arange(h, device=m.device, dtype=m.dtype) + offset,
+            torch.arange(w, device=m.device, dtype=m.dtype) + offset,
+            indexing="ij",
+        )
+        points.append(torch.stack((sx, sy), -1).view(-1, 2))
+        stride_column.append(torch.full((h * w, 1), s, dtype=m.dtype, device=m.device))
+    return torch.cat(points), torch.cat(stride_column)
+
+
+def distances_to_boxes(distances, anchors):
+    """(left, top, right, bottom) distances from anchor points -> xyxy."""
+    lt, rb = distances.chunk(2, -1)
+    return torch.cat((anchors - lt, anchors + rb), -1)
+
+
+def boxes_to_distances(boxes, anchors, max_distance):
+    """xyxy -> (left, top, right, bottom) distances, clipped just below the last DFL bin."""
+    x1y1, x2y2 = boxes.chunk(2, -1)
+    return torch.cat((anchors - x1y1, x2y2 - anchors), -1).clamp_(0, max_distance - 0.01)
+
+
+def scale_boxes_to_original(boxes, ratio, pad, original_shape):
+    """Undo the letterbox: boxes in network-input pixels -> pixels of the original image, clipped.
+
+    ratio: the resize factor (new / original); pad: (left, top) padding added after resizing;
+    original_shape: (height, width) of the image as it was read.
+    """
+    boxes = boxes.clone()
+    boxes[..., [0, 2]] = (boxes[..., [0, 2]] - pad[0]) / ratio
+    boxes[..., [1, 3]] = (boxes[..., [1, 3]] - pad[1]) / ratio
+    boxes[..., [0, 2]] = boxes[..., [0, 2]].clamp(0, original_shape[1])
+    boxes[..., [1, 3]] = boxes[..., [1, 3]].clamp(0, original_shape[0])
+    return boxes
+
+
+def non_max_suppression(predictions, conf=0.25, iou=0.7, classes=None, max_det=300, multi_label=False, max_candidates=30000):
+    """Per image: confidence threshold, class-aware NMS, at most max_det boxes.
+
+    predictions: (batch, anchors, 4 + nc) as the model returns in eval mode.
+    Returns a list (one per image) of (n, 6) tensors: x1 y1 x2 y2 score class.
+    multi_label: one box may be kept for several classes (better mAP; use it for validation).
+    There is deliberately no time limit: a limit that silently drops images corrupts mAP.
+    """
+    output = []
+    for pred in predictions:
+        boxes, scores = pred[:, :4], pred[:, 4:]
+        if multi_label:
+            i, j = (scores > conf).nonzero(as_tuple=True)
+            boxes, score, cls = boxes[i], scores[i, j], j
+        else:
+            score, cls = scores.max(1)
+            keep = score > conf
+            boxes, score, cls = boxes[keep], score[keep], cls[keep]
+        if classes is not None:
+            keep = torch.isin(cls, torch.as_tensor(classes, device=cls.device))
+            boxes, score, cls = boxes[keep], score[keep], cls[keep]
+        if score.numel() > max_candidates:  # bound the NMS cost on a degenerate, all-positive output
+            top = score.topk(max_candidates).indices
+            boxes, score, cls = boxes[top], score[top], cls[top]
+        keep = torchvision.ops.batched_nms(boxes.float(), score.float(), cls, iou)[:max_det]
+        output.append(torch.cat((boxes[keep], score[keep, None], cls[keep, None].to(boxes.dtype)), 1))
+    return output

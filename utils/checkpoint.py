@@ -1,0 +1,90 @@
+"""Checkpoints: written atomically, loadable with torch.load(weights_only=True), self-describing.
+
+A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts, so loading one from a
+stranger cannot run code. It holds what is needed to rebuild the model without the training
+command (scale, nc, names, imgsz); last.pt adds the whole training state for an exact resume.
+"""
+
+import glob
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FORMAT = "yolo-flat/1"
+
+
+class CheckpointError(ValueError):
+    """A file that is not one of our checkpoints; the message says which file and why."""
+
+
+def save_checkpoint(ckpt, path):
+    """Write to a temporary file in the same folder, fsync, then rename over the target: a crash or
+    a kill while saving leaves the previous file intact, never a truncated one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        torch.save(ckpt, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, map_location="cpu"):
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)  # never unpickles code
+    except Exception as e:  # torch raises several types for broken or foreign files
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path} is not a checkpoint this repo can read ({first[:200]})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a checkpoint of this repo (no '{FORMAT}' format tag); train one with train.py")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt, weights="model"):
+    """Rebuild the network from a checkpoint dict (weights: 'model' or 'ema')."""
+    from models.yolo import YOLO
+
+    model = YOLO(ckpt["scale"], ckpt["nc"])
+    model.load_state_dict(ckpt[weights])
+    model.names = ckpt["names"]
+    model.imgsz = ckpt["imgsz"]
+    return model
+
+
+def find_last_checkpoint(root="runs/train"):
+    """The most recently written runs/train/*/weights/last.pt, or None."""
+    files = glob.glob(f"{root}/*/weights/last.pt")
+    return max(files, key=os.path.getmtime) if files else None
+
+
+def find_best_checkpoint(root="runs/train"):
+    files = glob.glob(f"{root}/*/weights/best.pt")
+    return max(files, key=os.path.getmtime) if files else None
+
+
+def rng_states():
+    """Every RNG a run touches, as checkpoint-safe values (no numpy objects, no tuples of objects)."""
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+    }
+
+
+def set_rng_states(states):
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    n = states["numpy"]
+    np.random.set_state((n[0], n[1].numpy().astype(np.uint32), *n[2:]))
+    p = states["python"]
+    random.setstate((p[0], tuple(p[1]), p[2]))

@@ -1,0 +1,490 @@
+"""Data: the dataset yaml, label verification and its cache, the training and validation
+datasets, and the deterministic sampler that makes exact resume possible.
+
+Images are read with cv2 (BGR) and converted to RGB once, in `read_image`; everything after
+works on uint8 RGB; the training loop divides by 255 on the device (seed 001, items 1-4).
+"""
+
+import glob
+import hashlib
+import json
+import logging
+import os
+import resource
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+import yaml
+from tqdm import tqdm
+
+from utils.augment import augment_hsv, flip_lr, flip_ud, letterbox, mosaic4, random_affine
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".dng", ".mpo", ".pfm"}
+CACHE_VERSION = 1
+COORD_TOLERANCE = 0.01  # coordinates this far outside [0, 1] are clipped; further out, the file is rejected
+log = logging.getLogger("yolo")
+
+
+class DatasetError(ValueError):
+    """A dataset yaml or folder that cannot be used; the message is one sentence naming the culprit."""
+
+
+def fix_cv2_and_file_limits():
+    """Call in the main process and in every DataLoader worker."""
+    cv2.setNumThreads(0)  # seed 001 item 7: cv2's own threads inside forked workers deadlock or crawl
+    cv2.ocl.setUseOpenCL(False)  # seed 001 item 7: OpenCL next to CUDA slows things down
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:  # seed 001 item 6: many workers exhaust file descriptors
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+# ---------------------------------------------------------------------------------------------
+# The dataset yaml
+# ---------------------------------------------------------------------------------------------
+
+
+def load_dataset_yaml(path):
+    """Read a YOLOv5/Ultralytics dataset yaml. Returns a dict with `root`, `train`, `val`, `test`
+    (lists of resolved sources: folders or .txt lists), `names` (list) and `nc`.
+    The built-in shapes set is generated here on first use."""
+    path = Path(path)
+    if not path.exists() and not path.is_absolute() and (Path(__file__).parents[1] / "data" / path).exists():
+        path = Path(__file__).parents[1] / "data" / path  # `--data coco.yaml` finds data/coco.yaml
+    if not path.exists():
+        raise DatasetError(f"dataset yaml {path} does not exist")
+    try:
+        cfg = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise DatasetError(f"{path} is not valid yaml ({str(e).splitlines()[0]})") from None
+    if not isinstance(cfg, dict):
+        raise DatasetError(f"{path} must be a mapping with keys path, train, val and names")
+    for key in ("train", "val"):
+        if not cfg.get(key):
+            raise DatasetError(f"{path}: key '{key}' is missing (it names the {key} images: a folder, a .txt list, or a list of these)")
+    names = cfg.get("names")
+    if isinstance(names, dict):
+        if sorted(names) != list(range(len(names))):
+            raise DatasetError(f"{path}: key 'names' as a dict must map 0..{len(names) - 1} to names, got keys {sorted(names)}")
+        names = [names[i] for i in range(len(names))]
+    elif not isinstance(names, list) or not names:
+        if isinstance(cfg.get("nc"), int) and names is None:
+            names = [f"class{i}" for i in range(cfg["nc"])]
+        else:
+            raise DatasetError(f"{path}: key 'names' must be a non-empty list or a dict of class index to name")
+    names = [str(n) for n in names]
+    if "nc" in cfg and cfg["nc"] != len(names):
+        raise DatasetError(f"{path}: key 'nc' is {cfg['nc']} but 'names' lists {len(names)} classes")
+
+    root = Path(cfg.get("path") or ".")
+    if not root.is_absolute():
+        # `path` is relative to the yaml's folder; fall back to the working directory, where
+        # Ultralytics' yamls (`path: ../datasets/coco`) are usually meant to be read from.
+        candidates = [(path.parent / root).resolve(), root.resolve()]
+        root = next((c for c in candidates if c.exists()), candidates[0])
+    if cfg.get("generated_by") == "utils/shapes.py":
+        from utils.shapes import make_shapes  # the built-in set: generated on first use, no download
+
+        make_shapes(root)
+
+    out = {"root": root, "names": names, "nc": len(names), "yaml": path, "coco_json": None}
+    for key in ("train", "val", "test"):
+        value = cfg.get(key)
+        if not value:
+            out[key] = []
+            continue
+        sources = []
+        for item in value if isinstance(value, list) else [value]:
+            p = Path(item)
+            p = p if p.is_absolute() else root / p
+            if not p.exists():
+                raise DatasetError(f"{path}: key '{key}' names {p}, which does not exist")
+            sources.append(p)
+        out[key] = sources
+    if cfg.get("coco_json"):
+        p = Path(cfg["coco_json"])
+        p = p if p.is_absolute() else root / p
+        if not p.exists():
+            raise DatasetError(f"{path}: key 'coco_json' names {p}, which does not exist")
+        out["coco_json"] = p
+    return out
+
+
+def list_images(sources):
+    """Image files from folders (recursive) and .txt lists (one path per line, relative to the list)."""
+    files = []
+    for src in sources:
+        src = Path(src)
+        if src.is_dir():
+            files += [p for p in glob.glob(str(src / "**" / "*"), recursive=True) if Path(p).suffix.lower() in IMAGE_SUFFIXES]
+        elif src.suffix == ".txt":
+            for line in src.read_text().splitlines():
+                line = line.strip()
+                if line:
+                    p = Path(line)
+                    files.append(str(p if p.is_absolute() else (src.parent / p)))
+        elif src.suffix.lower() in IMAGE_SUFFIXES:
+            files.append(str(src))
+        else:
+            raise DatasetError(f"{src} is neither a folder, a .txt list nor an image")
+    return sorted(set(os.path.normpath(f) for f in files))
+
+
+def label_path(image_path):
+    """The YOLO convention: .../images/x.jpg -> .../labels/x.txt (the last /images/ is swapped)."""
+    head, sep, tail = image_path.rpartition(f"{os.sep}images{os.sep}")
+    base = f"{head}{os.sep}labels{os.sep}{tail}" if sep else image_path
+    return os.path.splitext(base)[0] + ".txt"
+
+
+# ---------------------------------------------------------------------------------------------
+# Verification and cache
+# ---------------------------------------------------------------------------------------------
+
+
+def read_image(path):
+    """Read an image as RGB uint8, EXIF orientation applied (cv2.imread does), or None."""
+    img = cv2.imread(path, cv2.IMREAD_COLOR)
+    if img is None:
+        return None
+    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)  # seed 001 items 1-2: BGR -> RGB exactly once, here
+
+
+def verify_one(image_path, nc):
+    """Check one image and its label file. Returns (status, record, note):
+    status in labelled / background / empty / missing / corrupt; record is what the dataset keeps."""
+    try:
+        if not os.path.exists(image_path):
+            return "missing", None, "image not found"
+        if os.path.getsize(image_path) == 0:
+            return "corrupt", None, "image file is empty (0 bytes)"
+        if image_path.lower().endswith((".jpg", ".jpeg")):
+            with open(image_path, "rb") as f:
+                f.seek(-2, 2)
+                if f.read() != b"\xff\xd9":
+                    return "corrupt", None, "truncated JPEG (no end-of-image marker)"
+        img = cv2.imread(image_path, cv2.IMREAD_COLOR)
+        if img is None:
+            return "corrupt", None, "image cannot be decoded"
+        h, w = img.shape[:2]
+        if h < 10 or w < 10:
+            return "corrupt", None, f"image is only {w}x{h} pixels"
+        lp = label_path(image_path)
+        if not os.path.exists(lp):
+            return "background", {"im": image_path, "shape": [h, w], "labels": []}, ""
+        rows, duplicates, seen = [], 0, set()
+        with open(lp) as f:
+            for line_no, line in enumerate(f, 1):
+                parts = line.split()
+                if not parts:
+                    continue
+                try:
+                    values = [float(v) for v in parts]
+                except ValueError:
+                    return "corrupt", None, f"{lp} line {line_no}: not numbers: {line.strip()[:60]!r}"
+                if not all(np.isfinite(values)):
+                    return "corrupt", None, f"{lp} line {line_no}: a value is not finite"
+                if len(values) > 5 and len(values) % 2 == 1:  # a polygon (segment) row: keep its box
+                    xs, ys = values[1::2], values[2::2]
+                    values = [values[0], (min(xs) + max(xs)) / 2, (min(ys) + max(ys)) / 2, max(xs) - min(xs), max(ys) - min(ys)]
+                if len(values) != 5:
+                    return "corrupt", None, f"{lp} line {line_no}: expected 5 values (class cx cy w h), got {len(values)}"
+                cls, cx, cy, bw, bh = values
+                if cls != int(cls) or not 0 <= cls < nc:
+                    return "corrupt", None, f"{lp} line {line_no}: class {parts[0]} is not an integer in 0..{nc - 1}"
+                x1, y1, x2, y2 = cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2
+                if bw <= 0 or bh <= 0:
+                    return "corrupt", None, f"{lp} line {line_no}: box has zero or negative size"
+                if min(x1, y1) < -COORD_TOLERANCE or max(x2, y2) > 1 + COORD_TOLERANCE:
+                    return "corrupt", None, f"{lp} line {line_no}: box is outside the image (coordinates must be normalised to 0..1)"
+                x1, y1, x2, y2 = (min(max(v, 0.0), 1.0) for v in (x1, y1, x2, y2))  # just outside: clip
+                key = (int(cls), round(x1, 6), round(y1, 6), round(x2, 6), round(y2, 6))
+                if key in seen:
+                    duplicates += 1
+                    continue
+                seen.add(key)
+                rows.append([int(cls), x1, y1, x2, y2])
+        note = f"{duplicates} duplicate rows removed" if duplicates else ""
+        return ("labelled" if rows else "empty"), {"im": image_path, "shape": [h, w], "labels": rows, "dup": duplicates}, note
+    except OSError as e:
+        return "corrupt", None, f"cannot read ({e})"
+
+
+def files_fingerprint(image_files):
+    """Changes when any image or label is added, removed, resized or touched."""
+    h = hashlib.sha256()
+    for f in image_files:
+        for p in (f, label_path(f)):
+            try:
+                st = os.stat(p)
+                h.update(f"{p}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+            except OSError:
+                h.update(f"{p}|-\n".encode())
+    return h.hexdigest()
+
+
+def load_verified(sources, nc, split_name="", workers=8):
+    """Verify every image/label of a split once and cache the result next to the labels.
+    Returns the list of good records {"im", "shape" (h, w), "labels" [[cls, x1, y1, x2, y2] normalised]}."""
+    image_files = list_images(sources)
+    if not image_files:
+        raise DatasetError(f"no images found in {', '.join(str(s) for s in sources)}")
+    first_label = Path(label_path(image_files[0]))
+    cache_path = first_label.parent.with_suffix(".cache.json")
+    log_path = first_label.parent.with_suffix(".verify.log")
+    fingerprint = files_fingerprint(image_files)
+    if cache_path.exists():
+        try:
+            cache = json.loads(cache_path.read_text())
+            if cache.get("version") == CACHE_VERSION and cache.get("fingerprint") == fingerprint and cache.get("nc") == nc:
+                print_verification_totals(cache["totals"], split_name, cache_path, log_path, cached=True)
+                return cache["records"]
+        except (ValueError, KeyError):
+            pass  # an unreadable cache is rebuilt below
+    totals = dict.fromkeys(("found", "labelled", "background", "empty", "missing", "corrupt", "duplicates"), 0)
+    records, problems = [], []
+    with ThreadPoolExecutor(workers) as pool:  # cv2 decoding releases the GIL, threads are enough
+        results = pool.map(lambda f: verify_one(f, nc), image_files)
+        for image_path, (status, record, note) in tqdm(zip(image_files, results), total=len(image_files), desc=f"verifying {split_name}", leave=False):
+            totals["found"] += 1
+            totals[status] += 1
+            if record is not None:
+                totals["duplicates"] += record.pop("dup", 0)
+                records.append(record)
+            if note:
+                problems.append(f"{status}\t{image_path}\t{note}")
+    report = "\n".join(problems) + ("\n" if problems else "")
+    try:
+        log_path.write_text(report)
+        tmp = cache_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"version": CACHE_VERSION, "fingerprint": fingerprint, "nc": nc, "totals": totals, "records": records}))
+        os.replace(tmp, cache_path)
+    except OSError as e:  # a read-only dataset folder: still works, verifies again next time
+        log.warning(f"cannot write the label cache {cache_path} ({e}); verification will run again next time")
+        log_path = None
+        for p in problems:
+            log.warning(p.replace("\t", " "))
+    print_verification_totals(totals, split_name, cache_path, log_path, cached=False, problems=problems)
+    if not records:
+        raise DatasetError(f"none of the {len(image_files)} images of {split_name or 'the split'} is usable (reasons in {log_path})")
+    return records
+
+
+def print_verification_totals(totals, split_name, cache_path, log_path, cached, problems=()):
+    t = totals
+    log.info(
+        f"{split_name}: {t['found']} images found: {t['labelled']} labelled, {t['background'] + t['empty']} background "
+        f"({t['background']} without label file, {t['empty']} with an empty one), {t['missing']} missing, "
+        f"{t['corrupt']} corrupt, {t['duplicates']} duplicate label rows removed" + (" (from cache)" if cached else "")
+    )
+    if t["missing"] + t["corrupt"] or t["duplicates"]:
+        log.warning(f"{split_name}: {t['missing'] + t['corrupt']} images excluded; every file and its reason is in {log_path}")
+        for p in list(problems)[:5]:
+            log.warning("  " + p.replace("\t", "  "))
+
+
+# ---------------------------------------------------------------------------------------------
+# Datasets
+# ---------------------------------------------------------------------------------------------
+
+
+def load_resized(record, imgsz, cache=None, index=None):
+    """RGB uint8 image resized so its long side is imgsz, and its labels in pixels of that size."""
+    img = cache[index] if cache is not None and cache[index] is not None else None
+    if img is None:
+        img = read_image(record["im"])
+        if img is None:
+            raise OSError(f"image {record['im']} can no longer be read")
+        h, w = img.shape[:2]
+        r = imgsz / max(h, w)
+        if r != 1:
+            img = cv2.resize(img, (round(w * r), round(h * r)), interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR)
+    h, w = img.shape[:2]
+    labels = np.array(record["labels"], dtype=np.float32).reshape(-1, 5)
+    labels[:, [1, 3]] *= w
+    labels[:, [2, 4]] *= h
+    return img, labels
+
+
+def cache_images(records, imgsz, workers=8):
+    """--cache ram: decode and resize every image once, before the workers fork (they share it)."""
+    def one(r):
+        try:
+            return load_resized(r, imgsz)[0]
+        except OSError:
+            return None  # read again (and reported) when the sample is drawn
+    with ThreadPoolExecutor(workers) as pool:
+        images = list(tqdm(pool.map(one, records), total=len(records), desc="caching images", leave=False))
+    gb = sum(i.nbytes for i in images if i is not None) / 1e9
+    log.info(f"cached {len(images)} images in RAM ({gb:.2f} GB)")
+    return images
+
+
+def sample_rng(seed, epoch, index):
+    """The generator for every random choice of one sample: a pure function of (seed, epoch, index),
+    so the data does not depend on the worker count, the worker's RNG, or restarts."""
+    return np.random.default_rng([seed, epoch, index])
+
+
+class TrainDataset(torch.utils.data.Dataset):
+    """Training samples with mosaic, affine, HSV, flips (and mixup). Indexed by (epoch, index)."""
+
+    def __init__(self, records, imgsz, hyp, seed=0, mosaic_epochs=None, cache_ram=False):
+        self.records, self.imgsz, self.hyp, self.seed = records, imgsz, hyp, seed
+        self.mosaic_epochs = mosaic_epochs  # mosaic is used while epoch < mosaic_epochs (None: always)
+        self.cache = cache_images(records, imgsz) if cache_ram else None
+        self.warned = set()
+
+    def __len__(self):
+        return len(self.records)
+
+    def load(self, index, rng):
+        """Load one image; a file that broke or disappeared during training is reported and replaced."""
+        for _ in range(len(self.records)):
+            try:
+                return load_resized(self.records[index], self.imgsz, self.cache, index)
+            except OSError as e:
+                if index not in self.warned:
+                    self.warned.add(index)
+                    print(f"WARNING: {e}; replaced by another image", file=sys.stderr)
+                index = int(rng.integers(len(self.records)))
+        raise OSError("no image of the training set can be read any more")
+
+    def __getitem__(self, key):
+        epoch, index = key
+        rng = sample_rng(self.seed, epoch, index)
+        hyp, s = self.hyp, self.imgsz
+        use_mosaic = rng.random() < hyp["mosaic"] and (self.mosaic_epochs is None or epoch < self.mosaic_epochs)
+        if use_mosaic:
+            img, labels = self.load_mosaic(index, rng)
+            if hyp["mixup"] and rng.random() < hyp["mixup"]:
+                img2, labels2 = self.load_mosaic(int(rng.integers(len(self))), rng)
+                lam = rng.beta(32.0, 32.0)
+                img = (img * lam + img2 * (1 - lam)).astype(np.uint8)
+                labels = np.concatenate((labels, labels2), 0)
+        else:
+            img, labels = self.load(index, rng)
+            img, ratio, (left, top) = letterbox(img, (s, s))
+            labels[:, 1:] = labels[:, 1:] * ratio + (left, top, left, top)
+            img, labels = random_affine(img, labels, rng, hyp["degrees"], hyp["translate"], hyp["scale"], hyp["shear"])
+        augment_hsv(img, rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"])
+        if rng.random() < hyp["fliplr"]:
+            img, labels = flip_lr(img, labels)
+        if rng.random() < hyp["flipud"]:
+            img, labels = flip_ud(img, labels)
+        image = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))  # uint8 RGB, CHW
+        return image, torch.from_numpy(labels.astype(np.float32)).reshape(-1, 5)
+
+    def load_mosaic(self, index, rng):
+        indices = [index] + [int(i) for i in rng.integers(0, len(self), 3)]
+        loaded = [self.load(i, rng) for i in indices]
+        canvas, labels = mosaic4([im for im, _ in loaded], [lb for _, lb in loaded], self.imgsz, rng)
+        hyp = self.hyp
+        border = (-self.imgsz // 2, -self.imgsz // 2)
+        return random_affine(canvas, labels, rng, hyp["degrees"], hyp["translate"], hyp["scale"], hyp["shear"], border)
+
+
+class ValDataset(torch.utils.data.Dataset):
+    """Letterboxed, unaugmented samples in rectangular batches: images are sorted by aspect ratio and
+    each batch is padded only to its own shape (a multiple of the stride), which is faster and more
+    accurate than squares. Keeps what is needed to map predictions back to original pixels."""
+
+    def __init__(self, records, imgsz, batch_size, stride=32, pad=0.5, cache_ram=False):
+        order = sorted(range(len(records)), key=lambda i: records[i]["shape"][0] / records[i]["shape"][1])
+        self.records = [records[i] for i in order]
+        self.imgsz = imgsz
+        self.cache = cache_images(self.records, imgsz) if cache_ram else None
+        aspect = np.array([r["shape"][0] / r["shape"][1] for r in self.records])  # h / w
+        self.shapes = []
+        for start in range(0, len(self.records), batch_size):
+            a = aspect[start : start + batch_size]
+            hw = (a.max(), 1.0) if a.max() < 1 else (1.0, 1 / a.min()) if a.min() > 1 else (1.0, 1.0)
+            shape = tuple(int(np.ceil(v * imgsz / stride + pad) * stride) for v in hw)
+            self.shapes += [shape] * len(a)
+
+    def __len__(self):
+        return len(self.records)
+
+    def __getitem__(self, index):
+        record = self.records[index]
+        img, labels = load_resized(record, self.imgsz, self.cache, index)
+        h0, w0 = record["shape"]
+        resize = img.shape[0] / h0
+        img, ratio, (left, top) = letterbox(img, self.shapes[index], scaleup=False)
+        labels[:, 1:] = labels[:, 1:] * ratio + (left, top, left, top)
+        image = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))
+        # total scale original -> network input, and the padding: what scale_boxes_to_original needs
+        meta = {"index": index, "path": record["im"], "shape": (h0, w0), "ratio": resize * ratio, "pad": (left, top)}
+        return image, torch.from_numpy(labels).reshape(-1, 5), meta
+
+
+def collate(batch):
+    """Stack images; targets become one (N, 6) tensor of (image index in batch, class, x1, y1, x2, y2)."""
+    images = torch.stack([b[0] for b in batch])
+    targets = [torch.cat((torch.full((len(b[1]), 1), i, dtype=torch.float32), b[1]), 1) for i, b in enumerate(batch)]
+    out = (images, torch.cat(targets, 0))
+    return out + ([b[2] for b in batch],) if len(batch[0]) > 2 else out
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling and loaders
+# ---------------------------------------------------------------------------------------------
+
+
+def epoch_order(n, seed, epoch):
+    """The sample order of an epoch: a pure function of (seed, epoch)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=g).tolist()
+
+
+class EpochBatchSampler:
+    """Yields batches of (epoch, index) forever, epoch after epoch, from (start_epoch, skip_batches).
+
+    Never ending on purpose (seed 001, item 8): the DataLoader's workers are created once and live
+    for the whole run, instead of being re-created each epoch with code the user has edited since.
+    Each DDP rank takes a fixed slice of the epoch's order; all ranks get the same batch count."""
+
+    def __init__(self, n, batch_size, seed=0, rank=0, world_size=1, start_epoch=0, skip_batches=0):
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.start_epoch, self.skip_batches = start_epoch, skip_batches
+        self.per_rank = -(-n // world_size)
+        self.batches_per_epoch = -(-self.per_rank // batch_size)
+
+    def __len__(self):
+        return self.batches_per_epoch
+
+    def batches(self, epoch):
+        order = epoch_order(self.n, self.seed, epoch)
+        order += order[: self.per_rank * self.world_size - self.n]  # pad so every rank gets as many
+        mine = order[self.rank :: self.world_size]
+        return [[(epoch, i) for i in mine[k : k + self.batch_size]] for k in range(0, len(mine), self.batch_size)]
+
+    def __iter__(self):
+        epoch, skip = self.start_epoch, self.skip_batches
+        while True:
+            yield from self.batches(epoch)[skip:]  # resuming mid-epoch: skip what was already trained on
+            epoch, skip = epoch + 1, 0
+
+
+def _worker_init(_):
+    fix_cv2_and_file_limits()  # every worker is a new process: apply the fixes there too
+    torch.set_num_threads(1)  # a worker needs no intra-op threads; they would fight the main process
+
+
+def make_loader(dataset, batch_sampler=None, batch_size=None, workers=2, pin_memory=False):
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=batch_sampler,
+        batch_size=batch_size if batch_sampler is None else 1,
+        shuffle=False,
+        num_workers=workers,
+        collate_fn=collate,
+        pin_memory=pin_memory,
+        worker_init_fn=_worker_init,
+        persistent_workers=workers > 0,  # seed 001 item 8: workers are not re-created each epoch
+        prefetch_factor=4 if workers > 0 else None,
+    )

@@ -1,0 +1,34 @@
+"""Exponential moving average of the model weights: what validation, best.pt and export use."""
+
+import copy
+import math
+
+import torch
+
+
+class ModelEMA:
+    """ema = decay * ema + (1 - decay) * weights, with decay ramping up from 0 so that the average is
+    not dominated by the random initial weights: decay(updates) = decay * (1 - exp(-updates / tau))."""
+
+    def __init__(self, model, decay=0.9999, tau=2000, updates=0):
+        self.ema = copy.deepcopy(unwrap(model)).eval()  # always eval: BN uses running stats (seed 001, M1)
+        self.decay, self.tau, self.updates = decay, tau, updates
+        for p in self.ema.parameters():
+            p.requires_grad_(False)
+
+    @torch.no_grad()  # seed 000 / E1: an EMA update must never keep the autograd graph alive
+    def update(self, model):
+        self.updates += 1
+        d = self.decay * (1 - math.exp(-self.updates / self.tau))
+        weights = unwrap(model).state_dict()
+        for name, value in self.ema.state_dict().items():
+            if value.dtype.is_floating_point:
+                value.mul_(d).add_(weights[name].detach(), alpha=1 - d)
+            else:  # integer buffers (BN's num_batches_tracked) are copied
+                value.copy_(weights[name])
+
+
+def unwrap(model):
+    """The plain model inside DDP (and torch.compile) wrappers."""
+    model = getattr(model, "_orig_mod", model)
+    return model.module if hasattr(model, "module") else model

@@ -1,0 +1,200 @@
+"""Evaluation: run a model over a validation loader, map predictions back to original pixels,
+and compute COCO mAP with pycocotools (the official implementation, not a re-implementation)."""
+
+import contextlib
+import io
+import time
+
+import numpy as np
+import torch
+import torchvision
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+
+from utils.boxes import non_max_suppression, scale_boxes_to_original
+from utils.coco import ground_truth
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def predict_dataset(model, loader, device, conf=0.001, iou=0.7, max_det=300, half=False):
+    """Detections of every validation image in original pixels: dict dataset index -> (n, 6) array
+    of x1 y1 x2 y2 score class. Also the time per image of each stage, in ms."""
+    model.eval()  # seed 001, M1: BN and dropout must be in inference mode
+    results, seconds, images = {}, np.zeros(3), 0
+    for batch, _, metas in loader:
+        synchronize(device)
+        t0 = time.perf_counter()
+        x = batch.to(device, non_blocking=True)
+        x = (x.half() if half else x.float()) / 255  # seed 001, D3: the model takes 0..1
+        synchronize(device)
+        t1 = time.perf_counter()
+        predictions = model(x)
+        synchronize(device)
+        t2 = time.perf_counter()
+        detections = non_max_suppression(predictions.float(), conf, iou, max_det=max_det, multi_label=True)
+        synchronize(device)
+        t3 = time.perf_counter()
+        seconds += (t1 - t0, t2 - t1, t3 - t2)
+        images += len(batch)
+        for det, meta in zip(detections, metas):
+            det[:, :4] = scale_boxes_to_original(det[:, :4], meta["ratio"], meta["pad"], meta["shape"])
+            results[meta["index"]] = det.cpu().numpy()
+    speed = dict(zip(("preprocess", "inference", "nms"), (seconds / max(images, 1) * 1000).round(3).tolist()))
+    return results, speed
+
+
+def to_coco_detections(results, image_ids, category_ids):
+    return [
+        {"image_id": image_ids[i], "category_id": category_ids[int(c)], "bbox": [round(float(x1), 3), round(float(y1), 3), round(float(x2 - x1), 3), round(float(y2 - y1), 3)], "score": round(float(s), 5)}
+        for i, det in results.items()
+        for x1, y1, x2, y2, s, c in det
+    ]
+
+
+def coco_map(gt, detections, category_ids):
+    """pycocotools' COCOeval. Returns mAP50-95, mAP50, per-class AP arrays, and the evaluated object
+    (for the PR curves). With no detection at all, every number is 0."""
+    nc = len(category_ids)
+    if not detections:
+        return 0.0, 0.0, np.zeros(nc), np.zeros(nc), None
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints a page per call
+        coco_gt = COCO()
+        coco_gt.dataset = gt
+        coco_gt.createIndex()
+        coco_dt = coco_gt.loadRes(detections)
+        ev = COCOeval(coco_gt, coco_dt, "bbox")
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    precision = ev.eval["precision"][:, :, :, 0, -1]  # iou thresholds, recall points, classes (area all, 100 dets)
+    per_class = np.array([p[p > -1].mean() if (p > -1).any() else 0.0 for p in precision.transpose(2, 0, 1)])
+    per_class50 = np.array([p[p > -1].mean() if (p > -1).any() else 0.0 for p in precision[0].T])
+    present = ev.params.catIds
+    ap = np.zeros(nc)
+    ap50 = np.zeros(nc)
+    for k, cat in enumerate(present):
+        ap[category_ids.index(cat)] = per_class[k]
+        ap50[category_ids.index(cat)] = per_class50[k]
+    return float(ev.stats[0]), float(ev.stats[1]), ap, ap50, ev
+
+
+def precision_recall(ev, category_ids):
+    """Precision and recall per class at IoU 0.5, at the one confidence that maximises the mean F1
+    over classes (the operating point YOLO tables report), plus the curves for plotting."""
+    nc = len(category_ids)
+    grid = np.linspace(0, 1, 1000)
+    p_curve, r_curve = np.zeros((nc, grid.size)), np.zeros((nc, grid.size))
+    n_gt = np.zeros(nc)
+    if ev is not None:
+        scores, hits = [[] for _ in range(nc)], [[] for _ in range(nc)]
+        column = {cat: k for k, cat in enumerate(category_ids)}
+        for e in ev.evalImgs:  # one entry per (class, area range, image); keep area "all"
+            if e is None or e["aRng"] != ev.params.areaRng[0]:
+                continue
+            k = column[e["category_id"]]
+            n_gt[k] += int((~e["gtIgnore"].astype(bool)).sum())
+            keep = ~e["dtIgnore"][0].astype(bool)
+            scores[k] += list(np.asarray(e["dtScores"])[keep])
+            hits[k] += list(e["dtMatches"][0][keep] > 0)
+        for k in range(nc):
+            if not scores[k] or n_gt[k] == 0:
+                continue
+            order = np.argsort(-np.array(scores[k]), kind="stable")
+            score, tp = np.array(scores[k])[order], np.array(hits[k])[order]
+            tpc, fpc = np.cumsum(tp), np.cumsum(~tp)
+            recall, precision = tpc / n_gt[k], tpc / (tpc + fpc)
+            r_curve[k] = np.interp(-grid, -score, recall, left=0)
+            p_curve[k] = np.interp(-grid, -score, precision, left=1)
+    f1 = 2 * p_curve * r_curve / (p_curve + r_curve + 1e-16)
+    best = int(f1[n_gt > 0].mean(0).argmax()) if (n_gt > 0).any() else 0
+    return p_curve[:, best], r_curve[:, best], {"confidence": grid, "precision": p_curve, "recall": r_curve, "f1": f1, "n_gt": n_gt}
+
+
+def confusion_matrix(results, records, nc, conf=0.25, iou=0.45):
+    """(nc + 1) x (nc + 1) counts: rows = predicted class, columns = true class; the last row and
+    column are background (a missed object, or a detection of nothing)."""
+    matrix = np.zeros((nc + 1, nc + 1), dtype=np.int64)
+    for i, r in enumerate(records):
+        h, w = r["shape"]
+        gt = np.array(r["labels"], dtype=np.float32).reshape(-1, 5)
+        gt_boxes = torch.from_numpy(gt[:, 1:] * [w, h, w, h])
+        det = results.get(i, np.zeros((0, 6)))
+        det = det[det[:, 4] > conf]
+        gt_cls, det_cls = gt[:, 0].astype(int), det[:, 5].astype(int)
+        matched_gt, matched_det = set(), set()
+        if len(gt) and len(det):
+            overlaps = torchvision.ops.box_iou(gt_boxes, torch.from_numpy(det[:, :4]).float()).numpy()
+            pairs = np.argwhere(overlaps > iou)
+            pairs = pairs[np.argsort(-overlaps[pairs[:, 0], pairs[:, 1]])]  # best overlaps first
+            for g, d in pairs:
+                if g not in matched_gt and d not in matched_det:
+                    matched_gt.add(g)
+                    matched_det.add(d)
+                    matrix[det_cls[d], gt_cls[g]] += 1
+        for g in range(len(gt)):
+            if g not in matched_gt:
+                matrix[nc, gt_cls[g]] += 1
+        for d in range(len(det)):
+            if d not in matched_det:
+                matrix[det_cls[d], nc] += 1
+    return matrix
+
+
+def evaluate(model, loader, names, device, coco_json=None, conf=0.001, iou=0.7, max_det=300, half=False):
+    """Everything val.py reports. Returns a dict with the summary metrics, per-class rows, the COCO
+    detections, speeds, the PR curves and the confusion matrix."""
+    records = loader.dataset.records
+    gt, image_ids, category_ids = ground_truth_cached(loader.dataset, names, coco_json)
+    results, speed = predict_dataset(model, loader, device, conf, iou, max_det, half)
+    detections = to_coco_detections(results, image_ids, category_ids)
+    map5095, map50, ap, ap50, ev = coco_map(gt, detections, category_ids)
+    p, r, curves = precision_recall(ev, category_ids)
+    has_gt = curves["n_gt"] > 0
+    instances = np.bincount([int(row[0]) for rec in records for row in rec["labels"]], minlength=len(names))
+    images_with = [sum(any(int(row[0]) == c for row in rec["labels"]) for rec in records) for c in range(len(names))]
+    per_class = [
+        {"class": n, "images": images_with[c], "instances": int(instances[c]), "precision": float(p[c]), "recall": float(r[c]), "mAP50": float(ap50[c]), "mAP50-95": float(ap[c])}
+        for c, n in enumerate(names)
+    ]
+    metrics = {
+        "precision": float(p[has_gt].mean()) if has_gt.any() else 0.0,
+        "recall": float(r[has_gt].mean()) if has_gt.any() else 0.0,
+        "mAP50": map50,
+        "mAP50-95": map5095,
+        "images": len(records),
+        "instances": int(instances.sum()),
+        "speed_ms": speed,
+    }
+    return {
+        "metrics": metrics,
+        "per_class": per_class,
+        "detections": detections,
+        "curves": curves,
+        "confusion": confusion_matrix(results, records, len(names)),
+        "ground_truth": gt,
+    }
+
+
+def ground_truth_cached(dataset, names, coco_json):
+    """Building the ground truth of a large set takes seconds; do it once per dataset object."""
+    if not hasattr(dataset, "coco_ground_truth"):
+        dataset.coco_ground_truth = ground_truth(dataset.records, names, coco_json)
+    return dataset.coco_ground_truth
+
+
+def format_table(result, names):
+    """The per-class table val.py prints (and train.py at the end)."""
+    m = result["metrics"]
+    lines = [f"{'class':>16} {'images':>8} {'instances':>10} {'P':>7} {'R':>7} {'mAP50':>7} {'mAP50-95':>9}"]
+    lines.append(f"{'all':>16} {m['images']:>8} {m['instances']:>10} {m['precision']:>7.3f} {m['recall']:>7.3f} {m['mAP50']:>7.3f} {m['mAP50-95']:>9.3f}")
+    if len(names) > 1:
+        for row in result["per_class"]:
+            lines.append(
+                f"{row['class'][:16]:>16} {row['images']:>8} {row['instances']:>10} {row['precision']:>7.3f} {row['recall']:>7.3f} {row['mAP50']:>7.3f} {row['mAP50-95']:>9.3f}"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,97 @@
+"""Small helpers the scripts share: logging, run folders, seeds, crash reports."""
+
+import json
+import logging
+import os
+import platform
+import random
+import re
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+
+def setup_logging(log_file=None, rank=0):
+    """Readable lines on the console (rank 0 only) and, when given, the same lines in a log file."""
+    log = logging.getLogger("yolo")
+    log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    log.propagate = False
+    for h in list(log.handlers):
+        log.removeHandler(h)
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(console)
+    if log_file:
+        f = logging.FileHandler(log_file)
+        f.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(f)
+    return log
+
+
+def next_run_dir(base="runs/train/exp"):
+    """runs/train/exp, then exp2, exp3, ...: never overwrite an earlier run."""
+    base = Path(base)
+    if not base.exists():
+        return base
+    taken = [int(m.group(1) or 1) for p in base.parent.glob(base.name + "*") if (m := re.fullmatch(re.escape(base.name) + r"(\d*)", p.name))]
+    return base.with_name(f"{base.name}{max(taken) + 1}")
+
+
+def seed_everything(seed, deterministic=False):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        # seed 001, M6: floating-point sums depend on the order; pin the algorithms that choose it.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def environment_info():
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "cpu_threads": torch.get_num_threads(),
+        "argv": sys.argv,
+        "cwd": os.getcwd(),
+    }
+
+
+def write_crash(run_dir, reason, context):
+    """Write what is needed to understand a dead run into run_dir/crash/: the reason (traceback),
+    the environment, the args, the offending batch, and the path of the last good checkpoint."""
+    crash = Path(run_dir) / "crash"
+    crash.mkdir(parents=True, exist_ok=True)
+    (crash / "reason.txt").write_text(reason)
+    (crash / "environment.json").write_text(json.dumps(environment_info(), indent=2))
+    info = {k: v for k, v in context.items() if k != "batch"}
+    (crash / "context.yaml").write_text(yaml.safe_dump(info, sort_keys=False))
+    if context.get("batch") is not None:
+        torch.save(context["batch"], crash / "batch.pt")
+    return crash
+
+
+def install_crash_handler(run_dir, context):
+    """Any uncaught exception writes crash/ before the process exits non-zero. `context` is a dict
+    the training loop keeps up to date (args, epoch, iteration, batch, last checkpoint)."""
+    previous = sys.excepthook
+
+    def handler(kind, value, tb):
+        if not issubclass(kind, KeyboardInterrupt):
+            try:
+                path = write_crash(run_dir, "".join(traceback.format_exception(kind, value, tb)), context)
+                print(f"The run crashed; the context is in {path}", file=sys.stderr)
+            except Exception as e:  # the crash report must never hide the original error
+                print(f"(could not write the crash report: {e})", file=sys.stderr)
+        previous(kind, value, tb)
+
+    sys.excepthook = handler

@@ -1,0 +1,64 @@
+"""Optimizer construction and the learning-rate schedule (a pure function of the iteration)."""
+
+import math
+
+import torch
+import torch.nn as nn
+
+
+def build_optimizer(model, name, lr, momentum, weight_decay):
+    """Three parameter groups: conv/linear weights (with weight decay), BatchNorm weights and all
+    biases (without: decaying a BN scale or a bias towards zero only hurts). Frozen parameters
+    (requires_grad=False) are left out: with weight decay on, a zero gradient still moves a
+    parameter (seed 001, T4)."""
+    decay, no_decay, biases = [], [], []
+    for module in model.modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+            if pname == "bias":
+                biases.append(p)
+            elif isinstance(module, (nn.BatchNorm2d, nn.SyncBatchNorm, nn.GroupNorm, nn.LayerNorm)):
+                no_decay.append(p)
+            else:
+                decay.append(p)
+    if name == "sgd":
+        opt = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True)
+    elif name == "adamw":
+        # Optimizer state stays fp32 under AMP (torch keeps it in the parameters' dtype, and the
+        # parameters stay fp32): eps=1e-8 would underflow in fp16 (seed 001, T3).
+        opt = torch.optim.AdamW(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
+    else:
+        raise ValueError(f"optimizer must be sgd or adamw, got {name!r}")
+    opt.add_param_group({"params": no_decay, "weight_decay": 0.0})
+    opt.add_param_group({"params": decay, "weight_decay": weight_decay})
+    return opt
+
+
+def lr_factor(epoch, epochs, final_fraction, schedule):
+    """Multiplier of lr0 during an epoch: 1 at the start, final_fraction at the end."""
+    progress = epoch / max(epochs - 1, 1)
+    if schedule == "cosine":
+        return final_fraction + (1 - final_fraction) * (1 + math.cos(math.pi * progress)) / 2
+    return 1 - (1 - final_fraction) * progress  # linear
+
+
+def set_learning_rate(optimizer, iteration, epoch, hyp, epochs, warmup_iterations):
+    """Set lr (and momentum during warmup) of each group for this iteration. A pure function of
+    (iteration, epoch), so a resumed run needs no scheduler state. Warmup: biases start high
+    (warmup_bias_lr) and come down, the other groups rise from 0, momentum rises to its value."""
+    target = hyp["lr0"] * lr_factor(epoch, epochs, hyp["lrf"], hyp["schedule"])
+    for k, group in enumerate(optimizer.param_groups):
+        if iteration < warmup_iterations:
+            t = iteration / warmup_iterations
+            start = hyp["warmup_bias_lr"] if k == 0 else 0.0
+            group["lr"] = start + (target - start) * t
+            m = hyp["warmup_momentum"] + (hyp["momentum"] - hyp["warmup_momentum"]) * t
+        else:
+            group["lr"] = target
+            m = hyp["momentum"]
+        if "momentum" in group:
+            group["momentum"] = m
+        else:
+            group["betas"] = (m, group["betas"][1])
+    return optimizer.param_groups[-1]["lr"]
