@@ -15,6 +15,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from utils.boxes import distances_to_boxes, make_anchors
+from utils.checkpoint import load_checkpoint
 
 # scale: (depth multiple, width multiple, max channels), the values users of YOLOv8 know.
 SCALES = {
@@ -215,3 +216,15 @@ def count_gflops(model, imgsz=640):
         model(x)
     model.train(was_training)
     return counter.get_total_flops() / 1e9
+
+
+def model_from_checkpoint(ckpt):
+    """Rebuild the network from a checkpoint (a dict or a path), with the EMA weights when it has
+    them (last.pt), else its only weights (best.pt holds EMA weights). Returned in eval mode, with
+    `names` and `imgsz` attached."""
+    if not isinstance(ckpt, dict):
+        ckpt = load_checkpoint(ckpt)
+    model = YOLO(ckpt["scale"], ckpt["nc"])
+    model.load_state_dict(ckpt["ema"] if "ema" in ckpt else ckpt["model"])
+    model.names, model.imgsz = ckpt["names"], ckpt["imgsz"]
+    return model.eval()

@@ -47,17 +47,6 @@ def load_checkpoint(path, map_location="cpu"):
     return ckpt
 
 
-def model_from_checkpoint(ckpt, weights="model"):
-    """Rebuild the network from a checkpoint dict (weights: 'model' or 'ema')."""
-    from models.yolo import YOLO
-
-    model = YOLO(ckpt["scale"], ckpt["nc"])
-    model.load_state_dict(ckpt[weights])
-    model.names = ckpt["names"]
-    model.imgsz = ckpt["imgsz"]
-    return model
-
-
 def find_last_checkpoint(root="runs/train"):
     """The most recently written runs/train/*/weights/last.pt, or None."""
     files = glob.glob(f"{root}/*/weights/last.pt")
