@@ -1,0 +1,80 @@
+"""Evaluate a checkpoint with pycocotools: per-class table, speed per stage, metrics.json, plots.
+
+    python val.py                                          # newest runs/train/*/weights/best.pt
+    python val.py --weights runs/train/exp/weights/best.pt --data data/shapes.yaml
+    python val.py --weights best.pt --data coco.yaml --save-json   # + COCO-format detections
+
+mAP is computed by pycocotools against ground truth built from the YOLO labels, or against the
+original COCO json when the dataset yaml names one (`coco_json:`), so COCO numbers are official.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+from models.yolo import model_from_checkpoint
+from utils.checkpoint import CheckpointError, find_best_checkpoint, load_checkpoint
+from utils.data import DatasetError, ValDataset, fix_cv2_and_file_limits, load_dataset_yaml, load_verified, make_loader
+from utils.distributed import select_device
+from utils.evaluate import evaluate, format_table
+from utils.general import next_run_dir, setup_logging
+from utils.plots import plot_confusion_matrix, plot_pr_curve
+
+parser = argparse.ArgumentParser(description="Evaluate a checkpoint (COCO mAP with pycocotools)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+parser.add_argument("--weights", default="", help="checkpoint (default: newest runs/train/*/weights/best.pt)")
+parser.add_argument("--data", default="", help="dataset yaml (default: the one the checkpoint was trained on)")
+parser.add_argument("--split", default="val", choices=["val", "test", "train"])
+parser.add_argument("--imgsz", type=int, default=0, help="0 = the training size stored in the checkpoint")
+parser.add_argument("--batch", type=int, default=32)
+parser.add_argument("--conf", type=float, default=0.001, help="low on purpose: mAP integrates over all confidences")
+parser.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold")
+parser.add_argument("--max-det", type=int, default=300)
+parser.add_argument("--device", default="")
+parser.add_argument("--workers", type=int, default=2)
+parser.add_argument("--half", action="store_true", help="fp16 inference (CUDA)")
+parser.add_argument("--save-json", action="store_true", help="write COCO-format detections to predictions.json")
+parser.add_argument("--out", default="", help="output folder (default runs/val/exp, exp2, ...)")
+args = parser.parse_args()
+
+fix_cv2_and_file_limits()
+weights = args.weights or find_best_checkpoint()
+if not weights:
+    sys.exit("no --weights given and no runs/train/*/weights/best.pt found")
+try:
+    checkpoint = load_checkpoint(weights)
+    data = load_dataset_yaml(args.data or checkpoint["args"]["data"])
+    records = load_verified(data[args.split], data["nc"], args.split) if data[args.split] else None
+except (CheckpointError, DatasetError) as e:
+    sys.exit(f"error: {e}")
+if records is None:
+    sys.exit(f"error: {data['yaml']} has no '{args.split}' split")
+if checkpoint["nc"] != data["nc"]:
+    sys.exit(f"error: {weights} predicts {checkpoint['nc']} classes but {data['yaml']} names {data['nc']}")
+
+out = Path(args.out) if args.out else next_run_dir("runs/val/exp")
+out.mkdir(parents=True, exist_ok=True)
+log = setup_logging(out / "val.log")
+device = select_device(args.device)
+model = model_from_checkpoint(checkpoint).fuse().to(device)  # fused Conv+BN: same output, faster
+half = args.half and device.type == "cuda"
+if half:
+    model.half()
+imgsz = args.imgsz or checkpoint["imgsz"]
+dataset = ValDataset(records, imgsz, args.batch)
+loader = make_loader(dataset, batch_size=args.batch, workers=args.workers, pin_memory=device.type == "cuda")
+log.info(f"{weights}: {len(records)} {args.split} images at {imgsz} px on {device}")
+
+result = evaluate(model, loader, data["names"], device, data["coco_json"], args.conf, args.iou, args.max_det, half)
+speed = result["metrics"]["speed_ms"]
+log.info(format_table(result, data["names"]))
+log.info(f"speed per image: {speed['preprocess']:.1f} ms preprocess, {speed['inference']:.1f} ms inference, {speed['nms']:.1f} ms NMS at {imgsz} px")
+(out / "metrics.json").write_text(json.dumps({**result["metrics"], "per_class": result["per_class"], "weights": str(weights)}, indent=2))
+if args.save_json:
+    (out / "predictions.json").write_text(json.dumps(result["detections"]))
+    if data["coco_json"] is None:  # the ground truth the mAP was computed against, for re-checking
+        (out / "ground_truth.json").write_text(json.dumps(result["ground_truth"]))
+plot_pr_curve(result["curves"], data["names"], [r["mAP50"] for r in result["per_class"]], out / "pr_curve.png")
+plot_confusion_matrix(result["confusion"], data["names"], out / "confusion_matrix.png")
+log.info(f"results in {out}")
