@@ -289,6 +289,7 @@ for epoch in range(start_epoch, args.epochs):
     first = start_iteration if epoch == start_epoch else 0
     sums = torch.zeros(3, device=device)
     counts = dict(steps=0, oom_retries=0, skipped_batches=0, bad_losses=0)
+    lr = optimizer.param_groups[-1]["lr"]  # (a run resumed at the very end of an epoch trains no step in it)
     if epoch == args.epochs - args.close_mosaic and is_main and hyp["mosaic"] > 0:
         log.info(f"epoch {epoch + 1}: mosaic off for the last {args.close_mosaic} epochs")
     progress = tqdm(range(first, nb), desc=f"{epoch + 1}/{args.epochs}", disable=not is_main, dynamic_ncols=True, initial=first, total=nb)
@@ -305,18 +306,19 @@ for epoch in range(start_epoch, args.epochs):
                 targets[:, 2:] *= size / images.shape[-1]
                 images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
         last_micro_step = (i + 1) % accumulate == 0 or i == nb - 1
-        # seed 001, M5: under DDP, only the last micro-step of an accumulation all-reduces gradients.
-        sync = contextlib.nullcontext() if world_size == 1 or last_micro_step else model.no_sync()
 
         # Forward and backward. On CUDA out-of-memory (seed 001, D5: usually one image with very many
         # boxes, the assigner's memory grows with them) redo the step with the assignment on the CPU;
         # if that fails too, skip the batch. Counted, logged, never a dead run.
+        bn_statistics = [b.clone() for b in unwrap(model).buffers()]  # a retried forward must not count twice
         loss = None
         for assign_on in (None, "cpu"):
             backward_started = False
             try:
-                with sync, torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
-                    loss, parts = loss_fn(model(images), targets, assign_on=assign_on)
+                # seed 001, M5: under DDP only the last micro-step of an accumulation all-reduces gradients.
+                with contextlib.nullcontext() if world_size == 1 or last_micro_step else model.no_sync():
+                    with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
+                        loss, parts = loss_fn(model(images), targets, assign_on=assign_on)
                     bad = all_agree(not torch.isfinite(loss).item(), world_size, device)
                     if not bad:  # a NaN/Inf loss is skipped on every rank, never backpropagated
                         backward_started = True
@@ -324,6 +326,8 @@ for epoch in range(start_epoch, args.epochs):
                 break
             except torch.OutOfMemoryError:
                 loss = None
+                for saved, buffer in zip(bn_statistics, unwrap(model).buffers()):
+                    buffer.copy_(saved)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                 if backward_started:  # half-accumulated gradients are garbage: drop this window
