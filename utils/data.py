@@ -24,7 +24,7 @@ from tqdm import tqdm
 from utils.augment import augment_hsv, flip_lr, flip_ud, letterbox, mosaic4, random_affine
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".dng", ".mpo", ".pfm"}
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # bump when the record or the checks change: old caches are then rebuilt
 COORD_TOLERANCE = 0.01  # coordinates this far outside [0, 1] are clipped; further out, the file is rejected
 log = logging.getLogger("yolo")
 
@@ -39,7 +39,10 @@ def fix_cv2_and_file_limits():
     cv2.ocl.setUseOpenCL(False)  # seed 001 item 7: OpenCL next to CUDA slows things down
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:  # seed 001 item 6: many workers exhaust file descriptors
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # an unlimited hard limit some systems refuse as a soft one
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 1 << 20), hard))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -49,12 +52,13 @@ def fix_cv2_and_file_limits():
 
 def load_dataset_yaml(path):
     """Read a YOLOv5/Ultralytics dataset yaml. Returns a dict with `root`, `train`, `val`, `test`
-    (lists of resolved sources: folders or .txt lists), `names` (list) and `nc`.
+    (lists of resolved sources: folders or .txt lists), `names` (list), `nc`, `yaml` and `coco_json`.
+    Keys we do not use (`download`, ...) are ignored, so a yaml copied from those repos works as is.
     The built-in shapes set is generated here on first use."""
     path = Path(path)
     if not path.exists() and not path.is_absolute() and (Path(__file__).parents[1] / "data" / path).exists():
         path = Path(__file__).parents[1] / "data" / path  # `--data coco.yaml` finds data/coco.yaml
-    if not path.exists():
+    if not path.is_file():
         raise DatasetError(f"dataset yaml {path} does not exist")
     try:
         cfg = yaml.safe_load(path.read_text())
@@ -67,28 +71,35 @@ def load_dataset_yaml(path):
             raise DatasetError(f"{path}: key '{key}' is missing (it names the {key} images: a folder, a .txt list, or a list of these)")
     names = cfg.get("names")
     if isinstance(names, dict):
+        try:  # keys may have been quoted ('0': person); what matters is that they are 0..n-1
+            names = {int(k): v for k, v in names.items()}
+        except (TypeError, ValueError):
+            raise DatasetError(f"{path}: key 'names' as a dict must map class indices 0..{len(names) - 1} to names") from None
         if sorted(names) != list(range(len(names))):
             raise DatasetError(f"{path}: key 'names' as a dict must map 0..{len(names) - 1} to names, got keys {sorted(names)}")
         names = [names[i] for i in range(len(names))]
     elif not isinstance(names, list) or not names:
-        if isinstance(cfg.get("nc"), int) and names is None:
+        if names is None and isinstance(cfg.get("nc"), int) and cfg["nc"] > 0:
             names = [f"class{i}" for i in range(cfg["nc"])]
         else:
             raise DatasetError(f"{path}: key 'names' must be a non-empty list or a dict of class index to name")
     names = [str(n) for n in names]
     if "nc" in cfg and cfg["nc"] != len(names):
-        raise DatasetError(f"{path}: key 'nc' is {cfg['nc']} but 'names' lists {len(names)} classes")
+        raise DatasetError(f"{path}: key 'nc' is {cfg['nc']} but key 'names' lists {len(names)} classes")
 
     root = Path(cfg.get("path") or ".")
     if not root.is_absolute():
-        # `path` is relative to the yaml's folder; fall back to the working directory, where
-        # Ultralytics' yamls (`path: ../datasets/coco`) are usually meant to be read from.
-        candidates = [(path.parent / root).resolve(), root.resolve()]
+        # `path` is relative to the yaml's folder. Fall back to where YOLOv5 (the working directory)
+        # and Ultralytics (<working directory>/datasets) read `path: ../datasets/coco` from.
+        candidates = [(path.parent / root).resolve(), root.resolve(), (Path("datasets") / root).resolve()]
         root = next((c for c in candidates if c.exists()), candidates[0])
     if cfg.get("generated_by") == "utils/shapes.py":
         from utils.shapes import make_shapes  # the built-in set: generated on first use, no download
 
-        make_shapes(root)
+        settings = cfg.get("generator_settings") or {}  # optional: n_train, n_val, seed, size
+        make_shapes(root, **{k: int(v) for k, v in settings.items() if k in ("n_train", "n_val", "seed", "size")})
+    if not root.is_dir():
+        raise DatasetError(f"{path}: key 'path' names {root}, which does not exist (a relative path is read from the yaml's folder {path.parent.resolve()}, then from the working directory)")
 
     out = {"root": root, "names": names, "nc": len(names), "yaml": path, "coco_json": None}
     for key in ("train", "val", "test"):
@@ -98,18 +109,28 @@ def load_dataset_yaml(path):
             continue
         sources = []
         for item in value if isinstance(value, list) else [value]:
+            if not isinstance(item, str):
+                raise DatasetError(f"{path}: key '{key}' must be a folder, a .txt list or a list of these, got {item!r}")
             p = Path(item)
-            p = p if p.is_absolute() else root / p
+            if not p.is_absolute():
+                # Old YOLOv5 yamls have no `path` and name folders from the working directory
+                # (`train: ../coco128/images/train2017`): try there too before giving up.
+                tried = [root / p] + ([Path(item).resolve()] if not cfg.get("path") else [])
+                p = next((c for c in tried if c.exists()), tried[0])
             if not p.exists():
+                if key == "test":  # optional and often not downloaded (COCO test-dev): only val.py --task test needs it
+                    log.warning(f"{path}: key 'test' names {p}, which does not exist; the test split is not available")
+                    continue
                 raise DatasetError(f"{path}: key '{key}' names {p}, which does not exist")
             sources.append(p)
         out[key] = sources
     if cfg.get("coco_json"):
         p = Path(cfg["coco_json"])
         p = p if p.is_absolute() else root / p
-        if not p.exists():
-            raise DatasetError(f"{path}: key 'coco_json' names {p}, which does not exist")
-        out["coco_json"] = p
+        if p.exists():
+            out["coco_json"] = p
+        else:  # training still works; only the mAP is then computed from the YOLO labels, not the official json
+            log.warning(f"{path}: key 'coco_json' names {p}, which does not exist; mAP will be computed from the YOLO labels")
     return out
 
 
@@ -118,6 +139,8 @@ def list_images(sources):
     files = []
     for src in sources:
         src = Path(src)
+        if not src.exists():
+            raise DatasetError(f"{src} does not exist")
         if src.is_dir():
             files += [p for p in glob.glob(str(src / "**" / "*"), recursive=True) if Path(p).suffix.lower() in IMAGE_SUFFIXES]
         elif src.suffix == ".txt":
@@ -153,53 +176,64 @@ def read_image(path):
     return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)  # seed 001 items 1-2: BGR -> RGB exactly once, here
 
 
+def jpeg_is_complete(path):
+    """A JPEG must end with its end-of-image marker (FF D9); a truncated one still decodes in cv2
+    (grey bottom, a warning on stderr), so decoding alone does not catch it. Padding after the
+    marker (zeros, FF fill, a newline) is common and harmless."""
+    with open(path, "rb") as f:
+        f.seek(max(os.path.getsize(path) - 1024, 0))
+        tail = f.read().rstrip(b"\x00\xff\r\n\t ")
+    return tail.endswith(b"\xff\xd9")
+
+
 def verify_one(image_path, nc):
-    """Check one image and its label file. Returns (status, record, note):
-    status in labelled / background / empty / missing / corrupt; record is what the dataset keeps."""
+    """Check one image and its label file; never modifies them. Returns (status, record, note):
+    status in labelled / background / empty / missing / corrupt; record (None when the image is
+    excluded) is what the dataset keeps; note says what was wrong or what was fixed."""
+    lp = label_path(image_path)
     try:
         if not os.path.exists(image_path):
             return "missing", None, "image not found"
         if os.path.getsize(image_path) == 0:
             return "corrupt", None, "image file is empty (0 bytes)"
-        if image_path.lower().endswith((".jpg", ".jpeg")):
-            with open(image_path, "rb") as f:
-                f.seek(-2, 2)
-                if f.read() != b"\xff\xd9":
-                    return "corrupt", None, "truncated JPEG (no end-of-image marker)"
-        img = cv2.imread(image_path, cv2.IMREAD_COLOR)
+        with open(image_path, "rb") as f:
+            magic = f.read(3)
+        if magic == b"\xff\xd8\xff" and not jpeg_is_complete(image_path):  # by content: suffixes lie
+            return "corrupt", None, "truncated JPEG (no end-of-image marker)"
+        img = cv2.imread(image_path, cv2.IMREAD_COLOR)  # applies the EXIF orientation, as training will
         if img is None:
-            return "corrupt", None, "image cannot be decoded"
+            return "corrupt", None, "not a readable image (cannot be decoded)"
         h, w = img.shape[:2]
         if h < 10 or w < 10:
             return "corrupt", None, f"image is only {w}x{h} pixels"
-        lp = label_path(image_path)
         if not os.path.exists(lp):
             return "background", {"im": image_path, "shape": [h, w], "labels": []}, ""
         rows, duplicates, seen = [], 0, set()
-        with open(lp) as f:
+        with open(lp, encoding="utf-8") as f:
             for line_no, line in enumerate(f, 1):
                 parts = line.split()
                 if not parts:
                     continue
+                where = f"label {lp} line {line_no}"
                 try:
                     values = [float(v) for v in parts]
                 except ValueError:
-                    return "corrupt", None, f"{lp} line {line_no}: not numbers: {line.strip()[:60]!r}"
+                    return "corrupt", None, f"{where}: not numbers: {line.strip()[:60]!r}"
                 if not all(np.isfinite(values)):
-                    return "corrupt", None, f"{lp} line {line_no}: a value is not finite"
+                    return "corrupt", None, f"{where}: a value is not finite"
                 if len(values) > 5 and len(values) % 2 == 1:  # a polygon (segment) row: keep its box
                     xs, ys = values[1::2], values[2::2]
                     values = [values[0], (min(xs) + max(xs)) / 2, (min(ys) + max(ys)) / 2, max(xs) - min(xs), max(ys) - min(ys)]
                 if len(values) != 5:
-                    return "corrupt", None, f"{lp} line {line_no}: expected 5 values (class cx cy w h), got {len(values)}"
+                    return "corrupt", None, f"{where}: expected 5 values (class cx cy w h), got {len(values)}"
                 cls, cx, cy, bw, bh = values
                 if cls != int(cls) or not 0 <= cls < nc:
-                    return "corrupt", None, f"{lp} line {line_no}: class {parts[0]} is not an integer in 0..{nc - 1}"
-                x1, y1, x2, y2 = cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2
+                    return "corrupt", None, f"{where}: class {parts[0]} is not an integer in 0..{nc - 1}"
                 if bw <= 0 or bh <= 0:
-                    return "corrupt", None, f"{lp} line {line_no}: box has zero or negative size"
+                    return "corrupt", None, f"{where}: box has zero or negative size"
+                x1, y1, x2, y2 = cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2
                 if min(x1, y1) < -COORD_TOLERANCE or max(x2, y2) > 1 + COORD_TOLERANCE:
-                    return "corrupt", None, f"{lp} line {line_no}: box is outside the image (coordinates must be normalised to 0..1)"
+                    return "corrupt", None, f"{where}: box is outside the image (coordinates must be normalised to 0..1)"
                 x1, y1, x2, y2 = (min(max(v, 0.0), 1.0) for v in (x1, y1, x2, y2))  # just outside: clip
                 key = (int(cls), round(x1, 6), round(y1, 6), round(x2, 6), round(y2, 6))
                 if key in seen:
@@ -207,10 +241,12 @@ def verify_one(image_path, nc):
                     continue
                 seen.add(key)
                 rows.append([int(cls), x1, y1, x2, y2])
-        note = f"{duplicates} duplicate rows removed" if duplicates else ""
+        note = f"{duplicates} duplicate label rows removed" if duplicates else ""
         return ("labelled" if rows else "empty"), {"im": image_path, "shape": [h, w], "labels": rows, "dup": duplicates}, note
-    except OSError as e:
-        return "corrupt", None, f"cannot read ({e})"
+    except UnicodeDecodeError:
+        return "corrupt", None, f"label {lp} is not a text file"
+    except (OSError, cv2.error) as e:
+        return "corrupt", None, f"cannot be read ({e})"
 
 
 def files_fingerprint(image_files):
@@ -226,64 +262,116 @@ def files_fingerprint(image_files):
     return h.hexdigest()
 
 
+def cache_dir():
+    """Where the label cache goes when the dataset folder is read-only (a shared mount)."""
+    return Path(os.environ.get("YOLO_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "yolo")
+
+
+def cache_locations(sources, image_files):
+    """(cache, log) path pairs: next to the labels first, the user's cache folder second.
+    The name carries a digest of the split's sources, so a train.txt and a val.txt listing images
+    of the same folder do not overwrite each other's cache and log."""
+    labels = Path(label_path(image_files[0])).parent
+    if not labels.is_dir():  # no label at all (all background): next to the images, never a folder of ours
+        labels = Path(image_files[0]).parent
+    digest = hashlib.sha256("\n".join(sorted(str(Path(s).resolve()) for s in sources)).encode()).hexdigest()
+    stem = f"{labels.name}.{digest[:8]}"
+    elsewhere = f"{stem}.{hashlib.sha256(str(labels.resolve()).encode()).hexdigest()[:8]}"
+    return [
+        (labels.with_name(stem + ".cache.json"), labels.with_name(stem + ".verify.log")),
+        (cache_dir() / (elsewhere + ".cache.json"), cache_dir() / (elsewhere + ".verify.log")),
+    ]
+
+
+def write_text_atomic(path, text):
+    """Temp file in the same folder, then rename: a reader (another DDP rank, a crash) never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def read_cache(cache_path, fingerprint, nc):
+    try:
+        cache = json.loads(Path(cache_path).read_text())
+        if cache.get("version") == CACHE_VERSION and cache.get("fingerprint") == fingerprint and cache.get("nc") == nc:
+            return cache
+    except (OSError, ValueError, AttributeError):
+        pass  # missing or unreadable: verified again
+    return None
+
+
 def load_verified(sources, nc, split_name="", workers=8):
     """Verify every image/label of a split once and cache the result next to the labels.
-    Returns the list of good records {"im", "shape" (h, w), "labels" [[cls, x1, y1, x2, y2] normalised]}."""
+    Returns the list of good records {"im", "shape" (h, w), "labels" [[cls, x1, y1, x2, y2] normalised]}.
+    Never writes to the user's images or labels; a read-only dataset folder works (cache elsewhere)."""
     image_files = list_images(sources)
     if not image_files:
-        raise DatasetError(f"no images found in {', '.join(str(s) for s in sources)}")
-    first_label = Path(label_path(image_files[0]))
-    cache_path = first_label.parent.with_suffix(".cache.json")
-    log_path = first_label.parent.with_suffix(".verify.log")
+        raise DatasetError(f"no images found in {', '.join(str(s) for s in sources) or 'an empty list of sources'}")
     fingerprint = files_fingerprint(image_files)
-    if cache_path.exists():
-        try:
-            cache = json.loads(cache_path.read_text())
-            if cache.get("version") == CACHE_VERSION and cache.get("fingerprint") == fingerprint and cache.get("nc") == nc:
-                print_verification_totals(cache["totals"], split_name, cache_path, log_path, cached=True)
-                return cache["records"]
-        except (ValueError, KeyError):
-            pass  # an unreadable cache is rebuilt below
+    locations = cache_locations(sources, image_files)
+    for cache_path, log_path in locations:
+        cache = read_cache(cache_path, fingerprint, nc)
+        if cache is not None:
+            print_verification_totals(cache["totals"], split_name, log_path, cache["problems"], cached=True)
+            return cache["records"]
+
     totals = dict.fromkeys(("found", "labelled", "background", "empty", "missing", "corrupt", "duplicates"), 0)
     records, problems = [], []
     with ThreadPoolExecutor(workers) as pool:  # cv2 decoding releases the GIL, threads are enough
         results = pool.map(lambda f: verify_one(f, nc), image_files)
-        for image_path, (status, record, note) in tqdm(zip(image_files, results), total=len(image_files), desc=f"verifying {split_name}", leave=False):
+        for image_path, (status, record, note) in tqdm(zip(image_files, results), total=len(image_files), desc=f"verifying {split_name} images", leave=False):
             totals["found"] += 1
             totals[status] += 1
             if record is not None:
                 totals["duplicates"] += record.pop("dup", 0)
                 records.append(record)
-            if note:
-                problems.append(f"{status}\t{image_path}\t{note}")
-    report = "\n".join(problems) + ("\n" if problems else "")
-    try:
-        log_path.write_text(report)
-        tmp = cache_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"version": CACHE_VERSION, "fingerprint": fingerprint, "nc": nc, "totals": totals, "records": records}))
-        os.replace(tmp, cache_path)
-    except OSError as e:  # a read-only dataset folder: still works, verifies again next time
-        log.warning(f"cannot write the label cache {cache_path} ({e}); verification will run again next time")
-        log_path = None
-        for p in problems:
-            log.warning(p.replace("\t", " "))
-    print_verification_totals(totals, split_name, cache_path, log_path, cached=False, problems=problems)
+            if note:  # one line per file: status, path, reason (fixed = kept after a repair in memory)
+                problems.append(f"{status if record is None else 'fixed'}\t{image_path}\t{note}")
+    cache = {"version": CACHE_VERSION, "fingerprint": fingerprint, "nc": nc, "totals": totals, "problems": problems, "records": records}
+    written = None
+    for i, (cache_path, log_path) in enumerate(locations):
+        try:
+            if i:  # our own cache folder may not exist yet; the user's folders are never created
+                cache_path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(log_path, "".join(p + "\n" for p in problems))
+            write_text_atomic(cache_path, json.dumps(cache))
+            written = log_path
+            if i:
+                log.warning(f"{split_name}: cannot write the label cache next to the labels ({error}); it is in {cache_path.parent}")
+            break
+        except OSError as e:
+            error = e
+    if written is None:  # nowhere writable: still works, verifies again next time
+        log.warning(f"{split_name}: cannot write the label cache {locations[0][0]} ({error}); verification will run again next time")
+    print_verification_totals(totals, split_name, written, problems, cached=False)
     if not records:
-        raise DatasetError(f"none of the {len(image_files)} images of {split_name or 'the split'} is usable (reasons in {log_path})")
+        raise DatasetError(f"none of the {len(image_files)} {split_name} images is usable" + (f" (reasons in {written})" if written else f" (e.g. {problems[0]})"))
     return records
 
 
-def print_verification_totals(totals, split_name, cache_path, log_path, cached, problems=()):
+def print_verification_totals(totals, split_name, log_path, problems, cached):
+    """One line of totals; when files were excluded, the log file's path and the first few reasons."""
     t = totals
+    excluded = t["missing"] + t["corrupt"]
     log.info(
-        f"{split_name}: {t['found']} images found: {t['labelled']} labelled, {t['background'] + t['empty']} background "
-        f"({t['background']} without label file, {t['empty']} with an empty one), {t['missing']} missing, "
-        f"{t['corrupt']} corrupt, {t['duplicates']} duplicate label rows removed" + (" (from cache)" if cached else "")
+        f"{split_name} images: {t['found']} found, {t['labelled']} labelled, {t['background'] + t['empty']} background "
+        f"({t['background']} without label file, {t['empty']} with an empty one), {t['missing']} missing, {t['corrupt']} corrupt"
+        + (f", {t['duplicates']} duplicate label rows removed" if t["duplicates"] else "")
+        + (" (from the cache)" if cached else "")
     )
-    if t["missing"] + t["corrupt"] or t["duplicates"]:
-        log.warning(f"{split_name}: {t['missing'] + t['corrupt']} images excluded; every file and its reason is in {log_path}")
-        for p in list(problems)[:5]:
+    if excluded or t["duplicates"]:
+        where = f"every file and its reason is in {log_path}" if log_path else "the reasons follow"
+        log.warning(f"{split_name}: {excluded} of {t['found']} images excluded; {where}")
+        shown = problems if not log_path else problems[:5]
+        for p in shown:
             log.warning("  " + p.replace("\t", "  "))
+        if len(problems) > len(shown):
+            log.warning(f"  ... and {len(problems) - len(shown)} more")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,8 +388,8 @@ def load_resized(record, imgsz, cache=None, index=None):
             raise OSError(f"image {record['im']} can no longer be read")
         h, w = img.shape[:2]
         r = imgsz / max(h, w)
-        if r != 1:
-            img = cv2.resize(img, (round(w * r), round(h * r)), interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR)
+        if r != 1:  # max(1, ...): a 10 x 2000 strip must not become 0 px high
+            img = cv2.resize(img, (max(1, round(w * r)), max(1, round(h * r))), interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR)
     h, w = img.shape[:2]
     labels = np.array(record["labels"], dtype=np.float32).reshape(-1, 5)
     labels[:, [1, 3]] *= w
@@ -412,7 +500,9 @@ class ValDataset(torch.utils.data.Dataset):
         record = self.records[index]
         img, labels = load_resized(record, self.imgsz, self.cache, index)
         h0, w0 = record["shape"]
-        resize = img.shape[0] / h0
+        # The long side was resized to exactly imgsz; the short one was rounded to whole pixels, so
+        # its ratio is off by up to 0.5 px / side: the long side's ratio maps back within a pixel.
+        resize = max(img.shape[:2]) / max(h0, w0)
         img, ratio, (left, top) = letterbox(img, self.shapes[index], scaleup=False)
         labels[:, 1:] = labels[:, 1:] * ratio + (left, top, left, top)
         image = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))
@@ -448,6 +538,8 @@ class EpochBatchSampler:
     Each DDP rank takes a fixed slice of the epoch's order; all ranks get the same batch count."""
 
     def __init__(self, n, batch_size, seed=0, rank=0, world_size=1, start_epoch=0, skip_batches=0):
+        if n < 1 or batch_size < 1:
+            raise ValueError(f"EpochBatchSampler needs at least one sample and a batch size of at least 1, got {n} and {batch_size}")
         self.n, self.batch_size, self.seed = n, batch_size, seed
         self.rank, self.world_size = rank, world_size
         self.start_epoch, self.skip_batches = start_epoch, skip_batches
@@ -459,7 +551,8 @@ class EpochBatchSampler:
 
     def batches(self, epoch):
         order = epoch_order(self.n, self.seed, epoch)
-        order += order[: self.per_rank * self.world_size - self.n]  # pad so every rank gets as many
+        total = self.per_rank * self.world_size
+        order = (order * -(-total // self.n))[:total]  # pad (wrapping) so every rank gets as many: no rank waits
         mine = order[self.rank :: self.world_size]
         return [[(epoch, i) for i in mine[k : k + self.batch_size]] for k in range(0, len(mine), self.batch_size)]
 

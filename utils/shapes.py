@@ -13,8 +13,10 @@ What makes it worth learning (and not a toy that a 3x3 filter solves):
 """
 
 import argparse
+import fcntl
 import json
 import math
+import os
 from pathlib import Path
 
 import cv2
@@ -141,28 +143,48 @@ def draw_image(rng, w, h, max_objects=12, empty_fraction=0.08):
     return img, labels
 
 
+def write_bytes_atomic(path, data):
+    """Temp file then rename: a process that reads the set while another writes it never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def make_shapes(root, n_train=1000, n_val=200, seed=0, size=320):
-    """Write images/{train,val}/*.jpg and labels/{train,val}/*.txt under root. Returns root."""
+    """Write images/{train,val}/*.jpg and labels/{train,val}/*.txt under root. Returns root.
+    Does nothing when root already holds a set made with the same settings."""
     root = Path(root)
     marker = root / "shapes.json"
     settings = {"version": GENERATOR_VERSION, "n_train": n_train, "n_val": n_val, "seed": seed, "size": size}
     if marker.exists() and json.loads(marker.read_text()) == settings:
         return root
-    print(f"Generating the shapes dataset in {root} ({n_train} train + {n_val} val images)...")
-    for split, n, split_seed in (("train", n_train, seed), ("val", n_val, seed + 1_000_003)):
-        (root / "images" / split).mkdir(parents=True, exist_ok=True)
-        (root / "labels" / split).mkdir(parents=True, exist_ok=True)
-        for i in range(n):
-            rng = np.random.default_rng([split_seed, i])  # each image depends only on (seed, index)
-            w = int(size * rng.choice([1.0, 1.0, 1.25, 0.75]))  # a few aspect ratios, for rectangular batches
-            img, labels = draw_image(rng, w, size)
-            stem = f"{split}_{i:05d}"
-            cv2.imwrite(str(root / "images" / split / f"{stem}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, 90])
-            rows = [f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / size:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / size:.6f}" for c, x1, y1, x2, y2 in labels]
-            # An image with no object gets no label file: the YOLO convention for a background image.
-            if rows:
-                (root / "labels" / split / f"{stem}.txt").write_text("\n".join(rows) + "\n")
-    marker.write_text(json.dumps(settings))
+    root.mkdir(parents=True, exist_ok=True)
+    # Several runs started at once on a fresh clone (sweep.py, DDP) must not write the same files
+    # together, nor verify a half-written set: one generates, the others wait and reuse it.
+    with open(root / ".shapes.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.exists() and json.loads(marker.read_text()) == settings:
+            return root
+        marker.unlink(missing_ok=True)
+        print(f"Generating the shapes dataset in {root} ({n_train} train + {n_val} val images)...")
+        for split, n, split_seed in (("train", n_train, seed), ("val", n_val, seed + 1_000_003)):
+            (root / "images" / split).mkdir(parents=True, exist_ok=True)
+            (root / "labels" / split).mkdir(parents=True, exist_ok=True)
+            # files of an earlier generation with other settings would otherwise stay in the set
+            for old in [*(root / "images" / split).glob(f"{split}_*.jpg"), *(root / "labels" / split).glob(f"{split}_*.txt")]:
+                old.unlink()
+            for i in range(n):
+                rng = np.random.default_rng([split_seed, i])  # each image depends only on (seed, index)
+                w = int(size * rng.choice([1.0, 1.0, 1.25, 0.75]))  # a few aspect ratios, for rectangular batches
+                img, labels = draw_image(rng, w, size)
+                stem = f"{split}_{i:05d}"
+                jpeg = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90])[1]
+                write_bytes_atomic(root / "images" / split / f"{stem}.jpg", jpeg.tobytes())
+                rows = [f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / size:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / size:.6f}" for c, x1, y1, x2, y2 in labels]
+                # An image with no object gets no label file: the YOLO convention for a background image.
+                if rows:
+                    write_bytes_atomic(root / "labels" / split / f"{stem}.txt", ("\n".join(rows) + "\n").encode())
+        marker.write_text(json.dumps(settings))
     return root
 
 

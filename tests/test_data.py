@@ -1,0 +1,875 @@
+"""The data pipeline (issue 2): dataset yamls, verification and its cache, colour order,
+augmentations that keep boxes right, determinism for exact resume, loader hygiene, validation
+loading, the built-in shapes set and the COCO converters.
+
+Every dataset here is a few tiny images written into tmp_path, so the file runs in seconds.
+"""
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from utils import data as D
+from utils.augment import flip_lr, letterbox, mosaic4, random_affine
+from utils.boxes import scale_boxes_to_original
+from utils.coco import coco_to_yolo
+from utils.shapes import NAMES, draw_image, make_shapes
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The augmentation table train.py uses by default, and one with every augmentation off.
+HYP = dict(hsv_h=0.015, hsv_s=0.7, hsv_v=0.4, degrees=0.0, translate=0.1, scale=0.5, shear=0.0, flipud=0.0, fliplr=0.5, mosaic=1.0, mixup=0.0)
+NO_AUG = dict(HYP, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0, translate=0.0, scale=0.0, fliplr=0.0, mosaic=0.0)
+
+# Pure colours (RGB) of the test rectangles: colour k is class k.
+COLOURS = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def write_image(path, w, h, rects=(), background=(0, 0, 0)):
+    """An RGB image of a flat background with filled rectangles (x1, y1, x2, y2, class) in pixels,
+    written with cv2 (which takes BGR: convert so the file holds the RGB colours we mean)."""
+    img = np.zeros((h, w, 3), np.uint8)
+    img[:] = background
+    for x1, y1, x2, y2, cls in rects:
+        img[y1:y2, x1:x2] = COLOURS[cls]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    assert cv2.imwrite(str(path), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
+    return path
+
+
+def write_labels(image_path, w, h, rects):
+    """YOLO labels (class cx cy w h, normalised) of pixel rectangles, at the conventional place."""
+    lp = Path(D.label_path(str(image_path)))
+    lp.parent.mkdir(parents=True, exist_ok=True)
+    lp.write_text("".join(f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}\n" for x1, y1, x2, y2, c in rects))
+    return lp
+
+
+def rect_dataset(root, n=4, w=96, h=96, split="train", suffix=".png"):
+    """n images, image k with one centred rectangle of colour/class k % 4 on black."""
+    paths = []
+    for k in range(n):
+        rect = (w // 3, h // 3, 2 * w // 3, 2 * h // 3, k % 4)
+        p = write_image(Path(root) / "images" / split / f"im{k}{suffix}", w, h, [rect])
+        write_labels(p, w, h, [rect])
+        paths.append(p)
+    return Path(root) / "images" / split
+
+
+def hash_tree(root):
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(root).rglob("*")) if p.is_file()}
+
+
+def colour_mask(img, cls):
+    """Pixels of colour `cls`: its full channels above half, its empty ones below half (edges
+    blended by resizing count when they are more than half the colour)."""
+    c = np.array(COLOURS[cls])
+    img = np.asarray(img).astype(int)
+    return np.all(np.where(c > 0, img > 160, img < 96), axis=-1)
+
+
+def mask_box(mask):
+    ys, xs = np.nonzero(mask)
+    return np.array([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], float) if len(xs) else None
+
+
+def assert_boxes_tight(img, labels, tol=1.5, region_margin=3, require_all_pixels=False):
+    """Each label box tightly encloses the pixels of its class's colour around it (within tol px).
+    img: HWC RGB uint8; labels: rows (class, x1, y1, x2, y2) in pixels."""
+    img = np.asarray(img)
+    h, w = img.shape[:2]
+    assert len(labels), "expected at least one box"
+    for cls, x1, y1, x2, y2 in np.asarray(labels, float):
+        mask = colour_mask(img, int(cls))
+        region = np.zeros_like(mask)
+        region[max(int(y1) - region_margin, 0) : min(int(np.ceil(y2)) + region_margin, h), max(int(x1) - region_margin, 0) : min(int(np.ceil(x2)) + region_margin, w)] = True
+        found = mask_box(mask & region)
+        assert found is not None, f"no pixel of class {int(cls)} near its box {x1, y1, x2, y2}"
+        assert np.abs(found - (x1, y1, x2, y2)).max() <= tol, f"class {int(cls)}: box {[x1, y1, x2, y2]} but pixels span {found.tolist()}"
+    if require_all_pixels:  # nothing coloured was left without a box
+        for cls in set(int(c) for c in np.asarray(labels)[:, 0]):
+            covered = np.zeros((h, w), bool)
+            for c, x1, y1, x2, y2 in labels:
+                if int(c) == cls:
+                    covered[max(int(y1) - 2, 0) : int(np.ceil(y2)) + 2, max(int(x1) - 2, 0) : int(np.ceil(x2)) + 2] = True
+            assert not (colour_mask(img, cls) & ~covered).any()
+
+
+def chw_to_hwc(image):
+    return image.permute(1, 2, 0).numpy()
+
+
+@pytest.fixture(autouse=True)
+def user_cache_dir(tmp_path, monkeypatch):
+    """Where a label cache goes when a dataset folder is read-only: inside the test's folder."""
+    monkeypatch.setenv("YOLO_CACHE_DIR", str(tmp_path / "user_cache"))
+    return tmp_path / "user_cache"
+
+
+@pytest.fixture
+def log_lines(caplog):
+    """The messages the pipeline logged (the 'yolo' logger), as one list of strings."""
+    caplog.set_level(logging.INFO, logger="yolo")
+    return lambda: [r.getMessage() for r in caplog.records]
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Dataset yaml
+# ---------------------------------------------------------------------------------------------
+
+
+def test_yaml_sources_folder_txt_list_and_lists_resolve_against_path(tmp_path):
+    root = tmp_path / "sets" / "mine"
+    train_dir = rect_dataset(root, n=3, split="train")
+    extra = rect_dataset(root, n=2, split="extra")
+    (root / "val.txt").write_text("./images/train/im0.png\nimages/train/im1.png\n")
+    cfg_dir = tmp_path / "configs"
+    cfg_dir.mkdir()
+    # path relative to the yaml's own folder; names as a dict; nc given and consistent
+    (cfg_dir / "mine.yaml").write_text("path: ../sets/mine\ntrain: [images/train, images/extra]\nval: val.txt\nnc: 4\nnames: {0: a, 1: b, 2: c, 3: d}\n")
+    cwd = os.getcwd()
+    os.chdir(tmp_path / "sets")  # not the yaml's folder: path must not depend on the working directory
+    try:
+        data = D.load_dataset_yaml(cfg_dir / "mine.yaml")
+    finally:
+        os.chdir(cwd)
+    assert data["root"] == root.resolve()
+    assert data["names"] == ["a", "b", "c", "d"] and data["nc"] == 4
+    assert data["train"] == [train_dir.resolve(), extra.resolve()] and data["test"] == []
+    assert len(D.list_images(data["train"])) == 5
+    assert [Path(f).name for f in D.list_images(data["val"])] == ["im0.png", "im1.png"]
+    # An old YOLOv5 yaml: no `path`, folders named from the working directory.
+    (cfg_dir / "old.yaml").write_text("train: ../mine/images/train\nval: ../mine/val.txt\nnames: [a, b, c, d]\n")
+    os.chdir(tmp_path / "sets" / "mine")
+    try:
+        assert D.load_dataset_yaml(cfg_dir / "old.yaml")["train"] == [train_dir.resolve()]
+    finally:
+        os.chdir(cwd)
+    # names as a list, no nc: nc is its length
+    (cfg_dir / "list.yaml").write_text(f"path: {root}\ntrain: images/train\nval: images/train\nnames: [a, b, c, d, e]\n")
+    assert D.load_dataset_yaml(cfg_dir / "list.yaml")["nc"] == 5
+
+
+def test_label_path_convention_and_background_images(tmp_path):
+    assert D.label_path("/d/images/train/x.jpg") == "/d/labels/train/x.txt"
+    assert D.label_path("/images/d/images/a.b.PNG") == "/images/d/labels/a.b.txt"  # the last /images/ only
+    assert D.label_path("/d/flat/x.jpg") == "/d/flat/x.txt"  # no images/ folder: label next to the image
+    folder = rect_dataset(tmp_path, n=2)
+    write_image(folder / "no_label.png", 64, 64)  # no label file: a background image, not an error
+    records = D.load_verified([folder], nc=4, split_name="train")
+    by_name = {Path(r["im"]).name: r for r in records}
+    assert len(records) == 3 and by_name["no_label.png"]["labels"] == []
+    assert by_name["im1.png"]["labels"] == [[1, pytest.approx(1 / 3, abs=1e-5), pytest.approx(1 / 3, abs=1e-5), pytest.approx(2 / 3, abs=1e-5), pytest.approx(2 / 3, abs=1e-5)]]
+
+
+def make_layout(dataset_root, image_folders, lists=()):
+    """An Ultralytics-style dataset: images/<f>/*.jpg and labels/<f>/*.txt, plus .txt image lists."""
+    for f in image_folders:
+        for k in range(2):
+            p = write_image(dataset_root / "images" / f / f"{f}_{k}.jpg", 64, 48, [(10, 10, 30, 30, 0)])
+            write_labels(p, 64, 48, [(10, 10, 30, 30, 0)])
+    for name, folder in lists:
+        (dataset_root / name).write_text("".join(f"./images/{folder}/{folder}_{k}.jpg\n" for k in range(2)))
+
+
+def test_ultralytics_yamls_load_unchanged(tmp_path, log_lines):
+    """data/coco.yaml and data/coco128.yaml (Ultralytics' format, `path: ../datasets/...`, names as a
+    dict, a `download:` entry) and a VOC-style yaml (lists of folders) load without an edit."""
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    for name in ("coco.yaml", "coco128.yaml"):
+        shutil.copy(REPO / "data" / name, repo / "data" / name)
+    coco = repo / "datasets" / "coco"
+    make_layout(coco, ["train2017", "val2017"], [("train2017.txt", "train2017"), ("val2017.txt", "val2017")])
+    (coco / "annotations").mkdir()
+    (coco / "annotations" / "instances_val2017.json").write_text('{"images": [], "annotations": [], "categories": []}')
+    make_layout(repo / "datasets" / "coco128", ["train2017"])
+
+    data = D.load_dataset_yaml(repo / "data" / "coco.yaml")
+    assert data["nc"] == 80 and data["names"][0] == "person" and data["names"][79] == "toothbrush"
+    assert data["coco_json"] == coco.resolve() / "annotations" / "instances_val2017.json"
+    assert data["test"] == [] and any("test-dev2017.txt" in m for m in log_lines())  # optional, not downloaded: a warning
+    assert len(D.load_verified(data["train"], data["nc"], "train")) == 2
+    data = D.load_dataset_yaml(repo / "data" / "coco128.yaml")
+    assert data["nc"] == 80 and data["train"] == data["val"] == [repo.resolve() / "datasets" / "coco128" / "images" / "train2017"]
+
+    voc_names = "aeroplane bicycle bird boat bottle bus car cat chair cow diningtable dog horse motorbike person pottedplant sheep sofa train tvmonitor".split()
+    voc = textwrap.dedent(
+        """\
+        # Ultralytics YOLO, VOC.yaml as users have it
+        path: ../datasets/VOC
+        train: # train images (relative to 'path')  16551 images
+          - images/train2012
+          - images/train2007
+          - images/val2012
+          - images/val2007
+        val: # val images (relative to 'path')  4952 images
+          - images/test2007
+        test: # test images (optional)
+          - images/test2007
+
+        # Classes
+        names:
+        """
+    ) + "".join(f"  {i}: {n}\n" for i, n in enumerate(voc_names)) + textwrap.dedent(
+        """
+        # Download script/URL (optional) ---------------------------------------------------------------
+        download: |
+          import xml.etree.ElementTree as ET
+          from ultralytics.utils.downloads import download
+          dir = Path(yaml['path'])  # dataset root dir
+        """
+    )
+    (repo / "data" / "VOC.yaml").write_text(voc)
+    make_layout(repo / "datasets" / "VOC", ["train2012", "train2007", "val2012", "val2007", "test2007"])
+    data = D.load_dataset_yaml(repo / "data" / "VOC.yaml")
+    assert data["nc"] == 20 and data["names"][19] == "tvmonitor" and len(data["train"]) == 4
+    assert len(D.load_verified(data["train"], data["nc"], "train")) == 8
+    assert len(D.load_verified(data["val"], data["nc"], "val")) == 2
+
+
+@pytest.mark.parametrize(
+    "text, culprit",
+    [
+        ("path: {root}\nval: images/train\nnames: [a]\n", "'train'"),  # missing key
+        ("path: {root}\ntrain: images/train\nnames: [a]\n", "'val'"),
+        ("path: {root}\ntrain: images/nowhere\nval: images/train\nnames: [a]\n", "images/nowhere"),  # folder that does not exist
+        ("path: {root}\ntrain: images/train\nval: [images/train, gone.txt]\nnames: [a]\n", "gone.txt"),
+        ("path: {root}/missing_root\ntrain: images/train\nval: images/train\nnames: [a]\n", "'path'"),
+        ("path: {root}\ntrain: images/train\nval: images/train\nnc: 3\nnames: [a, b]\n", "'nc'"),  # names/nc mismatch
+        ("path: {root}\ntrain: images/train\nval: images/train\nnames: {{0: a, 2: b}}\n", "'names'"),
+        ("path: {root}\ntrain: images/train\nval: images/train\n", "'names'"),
+        ("- just\n- a list\n", "mapping"),
+        ("path: {root}\ntrain: [images/train\n", "not valid yaml"),
+    ],
+)
+def test_wrong_yaml_stops_with_one_sentence_naming_the_culprit(tmp_path, text, culprit):
+    root = tmp_path / "set"
+    rect_dataset(root, n=1)
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(text.format(root=root))
+    with pytest.raises(D.DatasetError) as info:
+        D.load_dataset_yaml(cfg)
+    message = str(info.value)
+    assert culprit in message and "\n" not in message
+    with pytest.raises(D.DatasetError, match="does not exist"):
+        D.load_dataset_yaml(tmp_path / "no_such.yaml")
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Verification, cache, and broken files
+# ---------------------------------------------------------------------------------------------
+
+
+def broken_dataset(root):
+    """One good image plus one of each kind of bad file. Returns (image folder, {name: expected status})."""
+    folder = root / "images" / "train"
+    good = write_image(folder / "good.jpg", 64, 64, [(8, 8, 40, 40, 0)])
+    write_labels(good, 64, 64, [(8, 8, 40, 40, 0)])
+    expected = {"good.jpg": "labelled"}
+
+    full = (folder / "good.jpg").read_bytes()
+    (folder / "truncated.jpg").write_bytes(full[: len(full) // 2])  # cv2 still decodes it (grey bottom)
+    (folder / "zero.jpg").write_bytes(b"")
+    (folder / "text.jpg").write_text("this is not an image\n")
+    write_image(folder / "tiny.png", 6, 6)
+    expected.update({"truncated.jpg": "corrupt", "zero.jpg": "corrupt", "text.jpg": "corrupt", "tiny.png": "corrupt"})
+    # A JPEG with harmless padding after the end-of-image marker is fine.
+    (folder / "padded.jpg").write_bytes(full + b"\x00" * 16)
+    expected["padded.jpg"] = "background"
+
+    rows = {
+        "four_values": "0 0.5 0.5 0.2\n",
+        "nan": "0 0.5 nan 0.2 0.2\n",
+        "class_out_of_range": "7 0.5 0.5 0.2 0.2\n",
+        "class_not_integer": "1.5 0.5 0.5 0.2 0.2\n",
+        "far_outside": "0 0.5 0.5 1.6 0.2\n",
+        "not_numbers": "person 0.5 0.5 0.2 0.2\n",
+        "binary_label": None,
+    }
+    for name, row in rows.items():
+        p = write_image(folder / f"{name}.png", 32, 32)
+        lp = Path(D.label_path(str(p)))
+        lp.parent.mkdir(parents=True, exist_ok=True)
+        lp.write_bytes(b"\xff\xfe\x00\x81garbage" if row is None else row.encode())
+        expected[f"{name}.png"] = "corrupt"
+    # Kept: a box just outside [0, 1] (clipped), duplicated rows (dropped), an empty label file.
+    p = write_image(folder / "clip_and_duplicates.png", 32, 32)
+    Path(D.label_path(str(p))).write_text("1 0.5 0.5 1.004 0.3\n1 0.5 0.5 1.004 0.3\n2 0.25 0.25 0.1 0.1\n")
+    expected["clip_and_duplicates.png"] = "labelled"
+    p = write_image(folder / "empty_label.png", 32, 32)
+    Path(D.label_path(str(p))).write_text("\n")
+    expected["empty_label.png"] = "empty"
+    return folder, expected
+
+
+def test_verification_reports_every_bad_file_and_keeps_the_good(tmp_path, log_lines):
+    folder, expected = broken_dataset(tmp_path / "set")
+    (tmp_path / "set" / "list.txt").write_text("".join(f"images/train/{n}\n" for n in expected) + "images/train/vanished.jpg\n")
+    expected["vanished.jpg"] = "missing"
+    for name, status in expected.items():
+        assert D.verify_one(str(folder / name), nc=4)[0] == status, name
+
+    records = D.load_verified([tmp_path / "set" / "list.txt"], nc=4, split_name="train")
+    kept = {Path(r["im"]).name: r for r in records}
+    assert set(kept) == {n for n, s in expected.items() if s not in ("corrupt", "missing")}
+    clip = kept["clip_and_duplicates.png"]["labels"]
+    assert len(clip) == 2 and clip[0][3] == 1.0  # duplicate dropped, x2 = 1.002 clipped to 1
+    assert kept["empty_label.png"]["labels"] == [] and kept["padded.jpg"]["labels"] == []
+
+    # The log: one line per bad file (status, path, reason), plus the file kept after a repair.
+    log_files = list((tmp_path / "set" / "labels").glob("*.verify.log"))
+    assert len(log_files) == 1
+    lines = [line.split("\t") for line in log_files[0].read_text().splitlines()]
+    assert all(len(parts) == 3 and parts[2] for parts in lines)
+    by_name = {Path(path).name: (status, reason) for status, path, reason in lines}
+    bad = {n for n, s in expected.items() if s in ("corrupt", "missing")}
+    assert set(by_name) == bad | {"clip_and_duplicates.png"}
+    assert all(by_name[n][0] == expected[n] for n in bad)
+    assert "truncated" in by_name["truncated.jpg"][1] and "empty" in by_name["zero.jpg"][1]
+    assert "not a readable image" in by_name["text.jpg"][1] and "6x6" in by_name["tiny.png"][1]
+    assert "line 1" in by_name["nan.png"][1] and "class 7" in by_name["class_out_of_range.png"][1]
+    assert by_name["clip_and_duplicates.png"] == ("fixed", "1 duplicate label rows removed")
+
+    # The totals line, and a warning that points at the log.
+    messages = "\n".join(log_lines())
+    n_bad = len(bad)
+    assert f"{len(expected)} found, 2 labelled, 2 background (1 without label file, 1 with an empty one), 1 missing, {n_bad - 1} corrupt" in messages
+    assert f"{n_bad} of {len(expected)} images excluded" in messages and str(log_files[0]) in messages
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    from PIL import Image  # only here: the pipeline itself reads with cv2
+
+    img = np.zeros((40, 80, 3), np.uint8)
+    img[:, :40] = (255, 0, 0)  # left half red
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees clockwise to display
+    path = tmp_path / "images" / "rotated.jpg"
+    path.parent.mkdir()
+    Image.fromarray(img).save(path, exif=exif.tobytes(), quality=95)
+    status, record, _ = D.verify_one(str(path), nc=1)
+    assert status == "background" and record["shape"] == [80, 40]  # (h, w): stored 80 wide, shown 80 tall
+    shown = D.read_image(str(path))
+    assert shown.shape == (80, 40, 3)
+    assert shown[:30, :, 0].mean() > 200 and shown[50:, :, 0].mean() < 50  # the red half is now on top
+
+
+def test_cache_is_reused_and_invalidated_when_files_change(tmp_path, monkeypatch):
+    folder = rect_dataset(tmp_path, n=3)
+    first = D.load_verified([folder], nc=4, split_name="train")
+    assert len(list((tmp_path / "labels").glob("*.cache.json"))) == 1
+
+    real_verify = D.verify_one
+    calls = []
+    monkeypatch.setattr(D, "verify_one", lambda f, nc: calls.append(f) or real_verify(f, nc))
+    assert D.load_verified([folder], nc=4, split_name="train") == first and calls == []  # from the cache
+
+    label = tmp_path / "labels" / "train" / "im0.txt"
+    label.write_text("3 0.5 0.5 0.5 0.5\n")
+    os.utime(label, ns=(1, 1))  # even with an old timestamp: the size changed
+    again = D.load_verified([folder], nc=4, split_name="train")
+    assert len(calls) == 3 and next(r for r in again if r["im"].endswith("im0.png"))["labels"][0][0] == 3
+
+    calls.clear()
+    write_image(folder / "new.png", 40, 40)  # an added image
+    assert len(D.load_verified([folder], nc=4, split_name="train")) == 4 and len(calls) == 4
+    calls.clear()
+    D.load_verified([folder], nc=5, split_name="train")  # another class count: the checks differ
+    assert len(calls) == 4
+
+
+def test_train_and_val_lists_over_one_folder_keep_their_own_cache(tmp_path, monkeypatch):
+    folder = rect_dataset(tmp_path, n=4)
+    (tmp_path / "train.txt").write_text("images/train/im0.png\nimages/train/im1.png\nimages/train/im2.png\n")
+    (tmp_path / "val.txt").write_text("images/train/im3.png\n")
+    D.load_verified([tmp_path / "train.txt"], 4, "train")
+    D.load_verified([tmp_path / "val.txt"], 4, "val")
+    monkeypatch.setattr(D, "verify_one", lambda f, nc: pytest.fail("verified again instead of using the cache"))
+    assert len(D.load_verified([tmp_path / "train.txt"], 4, "train")) == 3
+    assert len(D.load_verified([tmp_path / "val.txt"], 4, "val")) == 1
+    assert folder.exists()
+
+
+def test_read_only_dataset_folder_still_works(tmp_path, monkeypatch, log_lines):
+    dataset = tmp_path / "readonly"
+    folder = rect_dataset(dataset, n=2)
+    before = hash_tree(dataset)
+    real_write = D.write_text_atomic
+
+    def refuse_inside_dataset(path, text):  # a read-only mount (chmod does not stop root, so simulate it)
+        if Path(path).resolve().is_relative_to(dataset.resolve()):
+            raise PermissionError(13, "Read-only file system", str(path))
+        return real_write(path, text)
+
+    monkeypatch.setattr(D, "write_text_atomic", refuse_inside_dataset)
+    records = D.load_verified([folder], nc=4, split_name="train")
+    assert len(records) == 2 and hash_tree(dataset) == before
+    assert any("Read-only file system" in m for m in log_lines())
+    assert len(list((tmp_path / "user_cache").glob("*.cache.json"))) == 1  # cached in the user's folder instead
+    monkeypatch.setattr(D, "verify_one", lambda f, nc: pytest.fail("verified again instead of using the cache"))
+    assert D.load_verified([folder], nc=4, split_name="train") == records
+    monkeypatch.undo()
+
+    # Nowhere writable at all: a warning, and it still works.
+    monkeypatch.setattr(D, "write_text_atomic", lambda path, text: (_ for _ in ()).throw(PermissionError(13, "denied")))
+    monkeypatch.setenv("YOLO_CACHE_DIR", str(tmp_path / "other_cache"))
+    assert len(D.load_verified([folder], nc=4, split_name="train")) == 2
+    assert any("verification will run again next time" in m for m in log_lines())
+
+
+def test_users_files_are_never_modified(tmp_path):
+    folder, _ = broken_dataset(tmp_path / "set")
+    before = hash_tree(tmp_path / "set" / "images") | {k: v for k, v in hash_tree(tmp_path / "set" / "labels").items() if k.endswith(".txt")}
+    records = D.load_verified([folder], nc=4, split_name="train")
+    dataset = D.TrainDataset(records, 64, HYP, seed=0)
+    for i in range(len(dataset)):
+        dataset[0, i]
+    val = D.ValDataset(records, 64, batch_size=2)
+    for i in range(len(val)):
+        val[i]
+    after = hash_tree(tmp_path / "set" / "images") | {k: v for k, v in hash_tree(tmp_path / "set" / "labels").items() if k.endswith(".txt")}
+    assert after == before
+
+
+@pytest.mark.parametrize("how", ["deleted", "overwritten with garbage"])
+def test_image_that_breaks_during_training_is_replaced_and_reported(tmp_path, capfd, how):
+    folder = rect_dataset(tmp_path, n=4)
+    records = D.load_verified([folder], nc=4, split_name="train")
+    victim = folder / "im2.png"
+    if how == "deleted":
+        victim.unlink()
+    else:
+        victim.write_bytes(b"not a png any more")
+    for hyp in (NO_AUG, HYP):  # the image on its own, and as a mosaic partner
+        dataset = D.TrainDataset(records, 64, hyp, seed=0)
+        image, labels = dataset[0, 2]
+        assert image.shape == (3, 64, 64) and len(labels) >= 1
+        for i in range(len(dataset)):
+            dataset[1, i]
+    assert str(victim) in capfd.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Colour order
+# ---------------------------------------------------------------------------------------------
+
+
+def test_thin_strip_image_does_not_break_loading(tmp_path):
+    folder = tmp_path / "images" / "train"
+    p = write_image(folder / "strip.png", 1200, 10, [(100, 0, 300, 10, 0)])
+    write_labels(p, 1200, 10, [(100, 0, 300, 10, 0)])
+    write_image(folder / "normal.png", 64, 64)
+    records = D.load_verified([folder], nc=1, split_name="train")
+    for hyp in (NO_AUG, HYP):
+        dataset = D.TrainDataset(records, 32, hyp, seed=0)
+        assert all(dataset[0, i][0].shape == (3, 32, 32) for i in range(2))
+    val = D.ValDataset(records, 32, batch_size=2)
+    assert all(val[i][0].shape[0] == 3 for i in range(2))
+
+
+def test_red_image_arrives_red_first_channel(tmp_path):
+    folder = tmp_path / "images" / "train"
+    for k in range(4):
+        write_image(folder / f"red{k}.png", 64 + 16 * k, 48, background=(255, 0, 0))
+    records = D.load_verified([folder], nc=1, split_name="train")
+
+    for hyp in (NO_AUG, HYP):  # with HSV jitter the red is lighter or darker but still red
+        dataset = D.TrainDataset(records, 64, hyp, seed=0)
+        for i in range(4):
+            image, _ = dataset[0, i]
+            assert image.dtype == torch.uint8 and image.shape == (3, 64, 64)  # uint8: train.py divides by 255 on the device
+            pixels = image.reshape(3, -1).int()
+            coloured = pixels[:, pixels.max(0).values - pixels.min(0).values > 30]  # not the grey padding (HSV moves it too)
+            assert coloured.shape[1] > 0.3 * pixels.shape[1]
+            assert ((coloured[0] > coloured[1] + 30) & (coloured[0] > coloured[2] + 30)).all()
+
+    val = D.ValDataset(records, 64, batch_size=2)
+    for i in range(4):
+        image, _, _ = val[i]
+        pixels = image.reshape(3, -1)
+        content = pixels[:, (pixels != 114).any(0)]
+        assert (content[0] > 240).all() and (content[1:] < 15).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Augmentation keeps the boxes right
+# ---------------------------------------------------------------------------------------------
+
+
+def canvas_with_rects(w, h, rects):
+    img = np.zeros((h, w, 3), np.uint8)
+    for x1, y1, x2, y2, c in rects:
+        img[y1:y2, x1:x2] = COLOURS[c]
+    return img, np.array([[c, x1, y1, x2, y2] for x1, y1, x2, y2, c in rects], np.float32)
+
+
+RECTS = [(10, 12, 40, 30, 0), (50, 40, 90, 70, 1), (20, 50, 28, 66, 2)]
+
+
+def test_letterbox_moves_boxes_with_pixels():
+    img, labels = canvas_with_rects(100, 80, RECTS)
+    for shape, scaleup in (((64, 64), True), ((128, 96), True), ((160, 160), False)):
+        out, ratio, (left, top) = letterbox(img, shape, scaleup=scaleup)
+        assert out.shape[:2] == shape
+        boxes = labels.copy()
+        boxes[:, 1:] = boxes[:, 1:] * ratio + (left, top, left, top)
+        assert_boxes_tight(out, boxes, require_all_pixels=True)
+
+
+def test_flip_moves_boxes_with_pixels():
+    img, labels = canvas_with_rects(100, 80, RECTS)
+    out, boxes = flip_lr(img, labels)
+    assert_boxes_tight(out, boxes, tol=0, require_all_pixels=True)
+    assert not np.array_equal(boxes, labels)
+
+
+def test_affine_without_rotation_moves_boxes_with_pixels():
+    img, labels = canvas_with_rects(100, 80, RECTS)
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        out, boxes = random_affine(img, labels, rng, degrees=0, translate=0.1, scale=0.5, shear=0)
+        assert out.shape == img.shape and len(boxes)
+        assert_boxes_tight(out, boxes)
+
+
+def test_mosaic_moves_boxes_with_pixels():
+    size = 64
+    images, labels = [], []
+    for k in range(4):  # each image a different aspect ratio and one rectangle of its own colour
+        w, h = (64, 64, 48, 64)[k], (64, 40, 64, 52)[k]
+        img, lab = canvas_with_rects(w, h, [(w // 4, h // 4, 3 * w // 4, 3 * h // 4, k)])
+        images.append(img)
+        labels.append(lab)
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        canvas, boxes = mosaic4(images, labels, size, rng)
+        assert canvas.shape == (2 * size, 2 * size, 3)
+        assert_boxes_tight(canvas, boxes, tol=0, require_all_pixels=True)
+        # then the crop back to size x size with a random scale/translation, as training does
+        out, boxes = random_affine(canvas, boxes, rng, 0, 0.1, 0.5, 0, border=(-size // 2, -size // 2))
+        assert out.shape == (size, size, 3)
+        if len(boxes):
+            assert_boxes_tight(out, boxes)
+
+
+def test_train_dataset_boxes_stay_tight_through_every_transform(tmp_path):
+    """End to end through TrainDataset: mosaic, affine (no rotation), flips, on and off."""
+    folder = rect_dataset(tmp_path, n=4, w=96, h=72)
+    records = D.load_verified([folder], nc=4, split_name="train")
+    hyp_no_colour = dict(HYP, hsv_h=0, hsv_s=0, hsv_v=0, flipud=0.5)  # colour jitter would hide the colours we look for
+    checked = 0
+    for hyp in (hyp_no_colour, dict(hyp_no_colour, mosaic=0.0)):
+        dataset = D.TrainDataset(records, 64, hyp, seed=1)
+        for epoch, i in itertools.product(range(3), range(4)):
+            image, labels = dataset[epoch, i]
+            if len(labels):
+                assert_boxes_tight(chw_to_hwc(image), labels.numpy())
+                checked += 1
+    assert checked >= 16
+
+
+def test_mosaic_is_switched_off_for_the_last_epochs_and_mixup_blends_two(tmp_path, monkeypatch):
+    folder = rect_dataset(tmp_path, n=4)
+    records = D.load_verified([folder], nc=4, split_name="train")
+    dataset = D.TrainDataset(records, 64, HYP, seed=0, mosaic_epochs=2)
+    calls = []
+    real = D.TrainDataset.load_mosaic
+    monkeypatch.setattr(D.TrainDataset, "load_mosaic", lambda self, i, rng: calls.append(i) or real(self, i, rng))
+    for epoch in range(4):
+        for i in range(4):
+            dataset[epoch, i]
+    assert len(calls) == 8  # epochs 0 and 1 only
+    calls.clear()
+    mixed = D.TrainDataset(records, 64, dict(HYP, mixup=1.0), seed=0)
+    image, labels = mixed[0, 0]
+    assert len(calls) == 2 and image.shape == (3, 64, 64)
+
+
+def test_cache_ram_gives_the_same_samples(tmp_path):
+    folder = rect_dataset(tmp_path, n=4, w=80, h=60)
+    records = D.load_verified([folder], nc=4, split_name="train")
+    a = D.TrainDataset(records, 64, HYP, seed=3)
+    b = D.TrainDataset(records, 64, HYP, seed=3, cache_ram=True)
+    for key in [(0, 0), (0, 3), (1, 2)]:
+        (ia, la), (ib, lb) = a[key], b[key]
+        assert torch.equal(ia, ib) and torch.equal(la, lb)
+    before = [im.copy() for im in b.cache]
+    for i in range(4):
+        b[0, i]
+    assert all(np.array_equal(x, y) for x, y in zip(before, b.cache))  # augmentation never writes into the cache
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Determinism: sample order, DDP slices, workers, mid-epoch resume
+# ---------------------------------------------------------------------------------------------
+
+
+def take(sampler, count):
+    return list(itertools.islice(iter(sampler), count))
+
+
+def test_sample_order_is_a_function_of_seed_and_epoch_and_ranks_split_it():
+    one = D.EpochBatchSampler(10, 3, seed=5)
+    assert len(one) == 4
+    batches = take(one, 8)
+    assert batches == take(D.EpochBatchSampler(10, 3, seed=5), 8)
+    epoch0 = [i for b in batches[:4] for e, i in b if e == 0]
+    epoch1 = [i for b in batches[4:] for e, i in b if e == 1]
+    assert sorted(epoch0) == sorted(epoch1) == list(range(10)) and epoch0 != epoch1  # each epoch a new permutation
+    assert take(D.EpochBatchSampler(10, 3, seed=6), 4) != batches[:4]
+
+    for n, world in ((12, 3), (10, 4), (7, 2), (2, 5)):  # (2, 5): fewer images than ranks
+        slices = [[i for b in D.EpochBatchSampler(n, 2, seed=1, rank=r, world_size=world).batches(0) for _, i in b] for r in range(world)]
+        assert len({len(s) for s in slices}) == 1  # the same count on every rank: no rank waits at the end
+        flat = [i for s in slices for i in s]
+        assert set(flat) == set(range(n))  # covering
+        assert len(flat) == -(-n // world) * world  # disjoint except the few repeats that even out the ranks
+        if n % world == 0:
+            assert len(set(flat)) == len(flat)
+        assert [len(D.EpochBatchSampler(n, 2, seed=1, rank=r, world_size=world)) for r in range(world)] == [-(-(-(-n // world)) // 2)] * world
+
+
+def loader_batches(dataset, sampler, workers, count):
+    loader = D.make_loader(dataset, sampler, workers=workers)
+    out = list(itertools.islice(iter(loader), count))
+    del loader
+    return out
+
+
+def assert_same_batches(a, b):
+    assert len(a) == len(b)
+    for (ia, ta), (ib, tb) in zip(a, b):
+        assert torch.equal(ia, ib) and torch.equal(ta, tb)
+
+
+def test_same_batches_with_0_1_and_2_workers_and_after_a_mid_epoch_restart(tmp_path):
+    folder = rect_dataset(tmp_path, n=6, w=80, h=64)
+    records = D.load_verified([folder], nc=4, split_name="train")
+    dataset = D.TrainDataset(records, 64, dict(HYP, mixup=0.5), seed=7)
+    # 6 images, batch 2: 3 batches per epoch; 5 batches cross into the second epoch
+    reference = loader_batches(dataset, D.EpochBatchSampler(6, 2, seed=7), 0, 5)
+    for workers in (1, 2):
+        assert_same_batches(loader_batches(dataset, D.EpochBatchSampler(6, 2, seed=7), workers, 5), reference)
+    # Restart after k batches: exactly the batches the uninterrupted run sees from batch k on.
+    for k in (1, 2):
+        resumed = loader_batches(dataset, D.EpochBatchSampler(6, 2, seed=7, skip_batches=k), 2 if k == 2 else 0, 5 - k)
+        assert_same_batches(resumed, reference[k:])
+    # Resuming at the start of epoch 1 is the same as skipping all of epoch 0.
+    assert take(D.EpochBatchSampler(6, 2, seed=7, start_epoch=1), 3) == take(D.EpochBatchSampler(6, 2, seed=7, skip_batches=3), 3)
+    # A fresh dataset object (a restarted process) produces the same samples.
+    again = D.TrainDataset(records, 64, dict(HYP, mixup=0.5), seed=7)
+    assert torch.equal(again[1, 4][0], dataset[1, 4][0])
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Loader hygiene
+# ---------------------------------------------------------------------------------------------
+
+
+class WorkerSettings(torch.utils.data.Dataset):
+    """Reports, from inside the DataLoader worker, the settings seed 001 items 6-8 are about."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        info = [cv2.getNumThreads(), int(cv2.ocl.useOpenCL()), int(soft == hard), os.getpid(), torch.get_num_threads()]
+        return torch.tensor(info), torch.zeros(0, 5)
+
+
+def test_workers_have_cv2_threads_off_opencl_off_file_limit_raised_and_persist():
+    cv2.setNumThreads(3)  # as if the main process had not called the fix: the worker must apply it itself
+    try:
+        assert D.make_loader(WorkerSettings(), batch_size=2, workers=0, pin_memory=True).pin_memory  # train.py: True on CUDA
+        loader = D.make_loader(WorkerSettings(), batch_size=2, workers=2)
+        assert loader.persistent_workers
+        pids = set()
+        for _ in range(2):  # two epochs: the same worker processes (not re-created with re-imported code)
+            for info, _ in loader:
+                threads, opencl, raised, pid, torch_threads = info[0].tolist()
+                # cv2.setNumThreads(0) = run sequentially; OpenCV 5 (pthreads) then reports 1, OpenCV 4 reports 0
+                assert threads <= 1 and (opencl, raised, torch_threads) == (0, 1, 1) and pid != os.getpid()
+                pids.add(pid)
+        assert len(pids) == 2
+        del loader
+    finally:
+        cv2.setNumThreads(-1)
+    D.fix_cv2_and_file_limits()  # and in the main process
+    assert cv2.getNumThreads() <= 1 and not cv2.ocl.useOpenCL()
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. Validation loading
+# ---------------------------------------------------------------------------------------------
+
+
+def test_validation_rectangular_batches_map_back_to_original_pixels(tmp_path):
+    folder = tmp_path / "images" / "val"
+    # (w, h). 200 x 60 at 64 px: the short side is rounded to 19 px (not 19.2); a ratio taken from
+    # it would put the right box 2 px off in the original image.
+    sizes = [(100, 60), (60, 100), (80, 80), (200, 60), (96, 50), (50, 96), (120, 90)]
+    truth = {}
+    for k, (w, h) in enumerate(sizes):
+        rects = [(3, 2, w // 2, h // 3, 0), (w // 2, h // 2, w - 12, h - 2, 1)]
+        p = write_image(folder / f"v{k}.png", w, h, rects)
+        write_labels(p, w, h, rects)
+        truth[str(p)] = np.array([r[:4] for r in rects], float)
+    records = D.load_verified([folder], nc=4, split_name="val")
+    for imgsz in (64, 128):
+        val = D.ValDataset(records, imgsz, batch_size=2)
+        assert sorted(r["im"] for r in val.records) == sorted(truth)
+        loader = D.make_loader(val, batch_size=2, workers=0)
+        shapes, aspects = [], []
+        for images, targets, metas in loader:
+            h, w = images.shape[2:]
+            assert h % 32 == 0 and w % 32 == 0 and max(h, w) <= imgsz + 32
+            shapes.append((h, w))
+            aspects += [m["shape"][0] / m["shape"][1] for m in metas]
+            for j, meta in enumerate(metas):
+                assert tuple(meta["shape"]) == tuple(D.read_image(meta["path"]).shape[:2])  # the original size is kept
+                boxes = targets[targets[:, 0] == j][:, 2:]
+                back = scale_boxes_to_original(boxes, meta["ratio"], meta["pad"], meta["shape"])
+                assert np.abs(back.numpy() - truth[meta["path"]]).max() <= 1.0, meta["path"]
+        assert aspects == sorted(aspects)  # similar shapes together: batches follow the aspect ratio
+        assert any(h != w for h, w in shapes)  # rectangles, not all squares
+        assert shapes[0][0] < shapes[0][1] and shapes[-1][0] > shapes[-1][1]  # wide first, tall last
+    # no augmentation: the same sample every time
+    image_a, labels_a, _ = val[3]
+    image_b, labels_b, _ = val[3]
+    assert torch.equal(image_a, image_b) and torch.equal(labels_a, labels_b)
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. The built-in shapes set
+# ---------------------------------------------------------------------------------------------
+
+
+def test_shapes_set_is_deterministic_and_generated_on_first_use(tmp_path):
+    a = make_shapes(tmp_path / "a", n_train=3, n_val=2, seed=11, size=96)
+    b = make_shapes(tmp_path / "b", n_train=3, n_val=2, seed=11, size=96)
+    files_a = {str(p.relative_to(a)): p.read_bytes() for p in a.rglob("*") if p.is_file() and not p.name.startswith(".")}
+    files_b = {str(p.relative_to(b)): p.read_bytes() for p in b.rglob("*") if p.is_file() and not p.name.startswith(".")}
+    assert len([f for f in files_a if f.endswith(".jpg")]) == 5 and files_a == files_b
+    c = make_shapes(tmp_path / "c", n_train=3, n_val=2, seed=12, size=96)
+    assert (c / "images" / "train" / "train_00000.jpg").read_bytes() != files_a["images/train/train_00000.jpg"]
+
+    # First use through a dataset yaml: generated, then reused (not regenerated) the second time.
+    (tmp_path / "shapes.yaml").write_text(
+        "path: generated\ntrain: images/train\nval: images/val\nnames: [" + ", ".join(NAMES) + "]\n"
+        "generated_by: utils/shapes.py\ngenerator_settings: {n_train: 4, n_val: 2, size: 64}\n"
+    )
+    data = D.load_dataset_yaml(tmp_path / "shapes.yaml")
+    assert len(D.list_images(data["train"])) == 4 and len(D.list_images(data["val"])) == 2
+    stamp = (tmp_path / "generated" / "images" / "train" / "train_00000.jpg").stat().st_mtime_ns
+    D.load_dataset_yaml(tmp_path / "shapes.yaml")
+    assert (tmp_path / "generated" / "images" / "train" / "train_00000.jpg").stat().st_mtime_ns == stamp
+    # Regenerated with fewer images: no stale file of the bigger set stays behind.
+    make_shapes(tmp_path / "generated", n_train=2, n_val=1, size=64)
+    assert len(D.list_images([tmp_path / "generated" / "images" / "train"])) == 2
+    assert len(list((tmp_path / "generated" / "labels" / "train").glob("*.txt"))) <= 2
+
+
+def test_shapes_images_have_what_makes_them_worth_learning():
+    classes, sides, empty, overlapping, textured = set(), [], 0, 0, 0
+    size = 96
+    for i in range(120):
+        img, labels = draw_image(np.random.default_rng([99, i]), size, size)
+        textured += img.reshape(-1, 3).std(0).mean() > 8  # not a flat background
+        if not labels:
+            empty += 1
+            continue
+        boxes = np.array(labels, float)
+        classes.update(boxes[:, 0].astype(int).tolist())
+        sides += np.maximum(boxes[:, 3] - boxes[:, 1], boxes[:, 4] - boxes[:, 2]).tolist()
+        for p, q in itertools.combinations(boxes[:, 1:], 2):
+            overlapping += min(p[2], q[2]) > max(p[0], q[0]) and min(p[3], q[3]) > max(p[1], q[1])
+    assert len(NAMES) >= 5 and classes == set(range(len(NAMES)))
+    assert empty >= 1 and textured >= 110 and overlapping >= 5
+    assert min(sides) <= 8 and max(sides) >= size / 3 * 0.8  # from a few pixels to a third of the image
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. Converters
+# ---------------------------------------------------------------------------------------------
+
+
+def test_coco_to_yolo_to_coco_round_trip(tmp_path):
+    root = tmp_path / "set"
+    sizes = {"a.jpg": (64, 48), "b.jpg": (50, 70), "c.jpg": (40, 40)}
+    for name, (w, h) in sizes.items():
+        write_image(root / "images" / "val" / name, w, h)
+    coco = {
+        "images": [{"id": 10 + k, "file_name": n, "width": w, "height": h} for k, (n, (w, h)) in enumerate(sizes.items())],
+        "categories": [{"id": 3, "name": "cat"}, {"id": 1, "name": "dog"}, {"id": 7, "name": "fox"}],  # ids with gaps, unsorted
+        "annotations": [
+            {"id": 1, "image_id": 10, "category_id": 1, "bbox": [4.0, 6.0, 20.0, 10.0], "area": 200.0, "iscrowd": 0},
+            {"id": 2, "image_id": 10, "category_id": 7, "bbox": [30.5, 20.25, 33.5, 27.75], "area": 929.6, "iscrowd": 0},
+            {"id": 3, "image_id": 11, "category_id": 3, "bbox": [0.0, 0.0, 50.0, 70.0], "area": 3500.0, "iscrowd": 0},
+            {"id": 4, "image_id": 11, "category_id": 1, "bbox": [5.0, 5.0, 10.0, 10.0], "area": 100.0, "iscrowd": 1},  # crowd: skipped
+        ],  # c.jpg has no object: a background image, no label file
+    }
+    (root / "annotations").mkdir()
+    (root / "annotations" / "instances_val.json").write_text(json.dumps(coco))
+    env = dict(os.environ, PYTHONPATH="")
+    run = subprocess.run([sys.executable, str(REPO / "data" / "coco2yolo.py"), str(root / "annotations" / "instances_val.json")], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert run.returncode == 0, run.stderr
+    assert "0: dog" in run.stdout and "2: fox" in run.stdout
+    assert sorted(p.name for p in (root / "labels" / "val").glob("*.txt")) == ["a.txt", "b.txt"]
+    assert (root / "labels" / "val" / "a.txt").read_text().splitlines()[0] == "0 0.218750 0.229167 0.312500 0.208333"
+
+    out = tmp_path / "back.json"
+    run = subprocess.run(
+        [sys.executable, str(REPO / "data" / "yolo2coco.py"), "--images", str(root / "images" / "val"), "--names", "dog", "cat", "fox", "--out", str(out)],
+        capture_output=True, text=True, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    back = json.loads(out.read_text())
+    assert [c["name"] for c in sorted(back["categories"], key=lambda c: c["id"])] == ["dog", "cat", "fox"]
+    names_by_id = {c["id"]: c["name"] for c in back["categories"]}
+    original_names = {c["id"]: c["name"] for c in coco["categories"]}
+    file_by_id = {im["id"]: im["file_name"] for im in back["images"]}
+    assert sorted(file_by_id.values()) == sorted(sizes)
+    assert all((im["width"], im["height"]) == sizes[im["file_name"]] for im in back["images"])
+    got = sorted((file_by_id[a["image_id"]], names_by_id[a["category_id"]], *a["bbox"]) for a in back["annotations"])
+    orig_file = {im["id"]: im["file_name"] for im in coco["images"]}
+    want = sorted((orig_file[a["image_id"]], original_names[a["category_id"]], *a["bbox"]) for a in coco["annotations"] if not a["iscrowd"])
+    assert [g[:2] for g in got] == [w[:2] for w in want]
+    assert np.abs(np.array([g[2:] for g in got]) - np.array([w[2:] for w in want])).max() < 0.05  # 6 decimals of normalised coords
+
+    from pycocotools.coco import COCO  # what evaluation uses must read it
+
+    assert len(COCO(str(out)).getAnnIds()) == 3
+
+
+def test_coco_to_yolo_clips_boxes_that_poke_out(tmp_path):
+    coco = {
+        "images": [{"id": 1, "file_name": "x.jpg", "width": 100, "height": 50}],
+        "categories": [{"id": 1, "name": "thing"}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [-1.5, 10, 102, 41], "area": 1.0, "iscrowd": 0}],
+    }
+    (tmp_path / "c.json").write_text(json.dumps(coco))
+    coco_to_yolo(tmp_path / "c.json", tmp_path / "labels")
+    cls, cx, cy, w, h = map(float, (tmp_path / "labels" / "x.txt").read_text().split())
+    assert (cx - w / 2, cx + w / 2) == pytest.approx((0, 1)) and (cy - h / 2, cy + h / 2) == pytest.approx((0.2, 1.0))
