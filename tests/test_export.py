@@ -1,0 +1,186 @@
+"""Tests for export.py: ONNX and TorchScript files agree with PyTorch (raw outputs and detections),
+the in-graph NMS agrees with utils.boxes.non_max_suppression, --dynamic works at other sizes and
+batches, and a foreign or broken checkpoint gets one sentence.
+
+A randomly initialised network gives flat, near-identical scores (its activations shrink layer
+after layer), which would make any comparison of detections vacuous. So the test model gets its
+BatchNorm statistics calibrated on test-like images (as if trained on them) and a zero class bias: scores then spread
+over 0.1..0.9, there are dozens of detections above 0.3, and they differ from image to image.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import export
+from models.yolo import YOLO, model_from_checkpoint
+from utils.boxes import non_max_suppression
+from utils.checkpoint import FORMAT, save_checkpoint
+from utils.inference import compare_detections, load_exported, preprocess
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = 0.3
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The models here are tiny: on a busy machine, two spinning threads cost far more than they save."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def scene(seed, h=64, w=64):
+    """A uint8 RGB image: noise plus a few filled shapes."""
+    rng = np.random.default_rng(seed)
+    img = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    for _ in range(4):
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        x, y, r = int(rng.integers(0, w)), int(rng.integers(0, h)), int(rng.integers(4, max(h, w) // 3))
+        cv2.rectangle(img, (x - r, y - r), (x + r, y + r), colour, -1) if seed % 2 else cv2.circle(img, (x, y), r, colour, -1)
+    return img
+
+
+def make_checkpoint(path, imgsz=64):
+    torch.manual_seed(0)
+    model = YOLO("n", nc=3)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None  # cumulative average of the calibration batches
+    model.train()
+    with torch.no_grad():  # at every size the tests use: the statistics of a 2x2 and a 4x3 map differ
+        for k, (h, w) in enumerate([(imgsz, imgsz), (128, 96), (96, 128)]):
+            model(batch_of(range(10 * k, 10 * k + 4), h, w))
+    for branch in model.head.cls:
+        torch.nn.init.constant_(branch[-1].bias, 0.0)
+    save_checkpoint({"format": FORMAT, "scale": "n", "nc": 3, "names": ["ring", "box", "blob"], "imgsz": imgsz, "model": model.state_dict()}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """One checkpoint exported to ONNX and TorchScript with the default settings."""
+    folder = tmp_path_factory.mktemp("export")
+    weights = make_checkpoint(folder / "best.pt")
+    cv2.imwrite(str(folder / "check.jpg"), cv2.cvtColor(scene(1), cv2.COLOR_RGB2BGR))
+    export.main(["--weights", str(weights), "--onnx", "--torchscript", "--runs", "1", "--conf", str(CONF), "--source", str(folder / "check.jpg")])
+    return weights
+
+
+def pytorch_model(weights):
+    return model_from_checkpoint(weights).fuse()
+
+
+def batch_of(seeds, h, w):
+    return torch.cat([preprocess(scene(s, h, w), (h, w))[0] for s in seeds])
+
+
+@pytest.mark.parametrize("suffix", [".onnx", ".torchscript"])
+def test_exported_file_matches_pytorch(exported, suffix):
+    path = exported.with_suffix(suffix)
+    model, other = pytorch_model(exported), load_exported(path)
+    assert other["names"] == ["ring", "box", "blob"] and other["imgsz"] == (64, 64) and other["stride"] == 32 and other["nms"] is None
+    x = batch_of([2], 64, 64)  # an image the check in export.py did not see
+    with torch.no_grad():
+        raw = model(x)
+    theirs = other["run"](x)
+    assert theirs.shape == raw.shape and torch.allclose(theirs, raw, rtol=1e-4, atol=1e-3)
+    reference, detections = non_max_suppression(raw, CONF)[0], non_max_suppression(theirs, CONF)[0]
+    assert len(reference) >= 5, "the test model should produce detections, else the comparison means nothing"
+    boxes, scores, unmatched = compare_detections(reference, detections, CONF)
+    assert unmatched == 0 and boxes < 1e-2 and scores < 1e-4  # boxes reach ~200 px
+
+
+def test_onnx_graph_is_fused_and_carries_metadata(exported):
+    graph = onnx.load(str(exported.with_suffix(".onnx")))
+    ops = {node.op_type for node in graph.graph.node}
+    assert "Conv" in ops and not ops & {"BatchNormalization", "Dropout"}
+    meta = {p.key for p in graph.metadata_props}
+    assert {"names", "imgsz", "stride", "input_names", "output_names", "input_shapes", "output_shapes"} <= meta
+
+
+def test_nms_graph_matches_python_nms_with_dynamic_shapes(exported, tmp_path):
+    weights = tmp_path / "nms.pt"
+    weights.write_bytes(exported.read_bytes())
+    max_det = 8  # small, so that the cap is exercised
+    export.main(["--weights", str(weights), "--onnx", "--nms", "--dynamic", "--max-det", str(max_det), "--conf", str(CONF), "--runs", "1"])
+    graph = onnx.load(str(weights.with_suffix(".onnx")))
+    assert "NonMaxSuppression" in {node.op_type for node in graph.graph.node}
+    model, other = pytorch_model(weights), load_exported(weights.with_suffix(".onnx"))
+    for seeds, h, w in [([3], 64, 64), ([4, 5, 6], 96, 128)]:  # two batch sizes, two image sizes
+        x = batch_of(seeds, h, w)
+        with torch.no_grad():
+            reference = non_max_suppression(model(x), CONF, max_det=max_det)
+        out = other["run"](x)
+        assert out.shape == (len(seeds), max_det, 6)
+        for ref, rows in zip(reference, out):
+            found = rows[rows[:, 4] > 0]
+            assert len(found) == len(ref) > 0 and (rows[len(found):] == 0).all()  # best first, zero padding after
+            boxes, scores, unmatched = compare_detections(ref, found, CONF)
+            assert unmatched == 0 and boxes < 1e-2 and scores < 1e-4  # boxes reach ~200 px
+    # No box above the threshold at all: an empty selection must run, not crash.
+    export.main(["--weights", str(weights), "--onnx", "--nms", "--dynamic", "--conf", "0.9999", "--runs", "1"])
+    assert (load_exported(weights.with_suffix(".onnx"))["run"](batch_of([7, 8], 64, 96)) == 0).all()
+
+
+def test_dynamic_at_two_sizes_and_batches(exported, tmp_path):
+    weights = tmp_path / "dynamic.pt"
+    weights.write_bytes(exported.read_bytes())
+    export.main(["--weights", str(weights), "--onnx", "--torchscript", "--dynamic", "--runs", "1"])
+    model = pytorch_model(weights)
+    for suffix in (".onnx", ".torchscript"):
+        other = load_exported(weights.with_suffix(suffix))
+        for seeds, h, w in [([1], 64, 64), ([2, 3], 128, 96)]:
+            x = batch_of(seeds, h, w)
+            with torch.no_grad():
+                raw = model(x)
+            theirs = other["run"](x)
+            assert theirs.shape == raw.shape and torch.allclose(theirs, raw, rtol=1e-4, atol=1e-3)
+
+
+def test_disagreement_exits_non_zero(exported, tmp_path, monkeypatch):
+    weights = tmp_path / "bad.pt"
+    weights.write_bytes(exported.read_bytes())
+    real = export.load_exported
+
+    def off_by_a_pixel(path, device):
+        model = real(path, device)
+        run = model["run"]
+        return {**model, "run": lambda x: run(x) + 1.0}
+
+    monkeypatch.setattr(export, "load_exported", off_by_a_pixel)
+    with pytest.raises(SystemExit, match="disagree"):
+        export.main(["--weights", str(weights), "--onnx", "--runs", "1"])
+
+
+def test_cli(exported, tmp_path):
+    weights = tmp_path / "cli.pt"
+    weights.write_bytes(exported.read_bytes())
+    done = subprocess.run([sys.executable, "export.py", "--weights", str(weights), "--runs", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert weights.with_suffix(".onnx").exists() and "max |diff|" in done.stdout and "median" in done.stdout
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, foreign)
+    done = subprocess.run([sys.executable, "export.py", "--weights", str(foreign)], cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode != 0 and done.stderr.strip().splitlines() == [f"error: {foreign} is not a checkpoint of this repo (no '{FORMAT}' format tag); train one with train.py"]
+
+
+def test_bad_checkpoints_get_one_sentence(exported, tmp_path):
+    broken = tmp_path / "broken.pt"
+    broken.write_bytes(b"not a checkpoint at all" * 10)
+    wrong = tmp_path / "wrong.pt"  # our tag, but the weights do not fit the model it names
+    save_checkpoint({"format": FORMAT, "scale": "n", "nc": 5, "names": list("abcde"), "imgsz": 64, "model": torch.load(exported)["model"]}, wrong)
+    for path in (broken, wrong, tmp_path / "missing.pt"):
+        with pytest.raises(SystemExit) as exit_info:
+            export.main(["--weights", str(path), "--onnx"])
+        message = str(exit_info.value.code)
+        assert message.startswith("error: ") and str(path) in message and "\n" not in message, message
