@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from models.yolo import model_from_checkpoint
 from utils.boxes import scale_boxes_to_original, xyxy_to_xywh
-from utils.checkpoint import FORMAT, CheckpointError, find_best_checkpoint, load_checkpoint
+from utils.checkpoint import CheckpointError, find_best_checkpoint
 from utils.data import IMAGE_SUFFIXES, read_image
 from utils.distributed import select_device
 from utils.general import next_run_dir
@@ -63,11 +63,7 @@ def load_model(weights, device):
     """The model behind the interface of utils/inference.py; a bad file -> CheckpointError."""
     if Path(weights).suffix != ".pt":
         return load_exported(weights, device)
-    ckpt = load_checkpoint(weights)
-    try:
-        model = model_from_checkpoint(ckpt).fuse()  # fused Conv+BN: same output, faster
-    except (KeyError, RuntimeError, ValueError, TypeError) as e:
-        raise CheckpointError(f"{weights} has the '{FORMAT}' tag but holds no model this code can build ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+    model = model_from_checkpoint(weights).fuse()  # fused Conv+BN: same output, faster
     return from_pytorch(model, device)
 
 

@@ -41,7 +41,7 @@ import torchvision
 
 from models.yolo import model_from_checkpoint
 from utils.boxes import non_max_suppression
-from utils.checkpoint import FORMAT, CheckpointError, find_best_checkpoint, load_checkpoint
+from utils.checkpoint import CheckpointError, find_best_checkpoint, load_checkpoint
 from utils.data import list_images, load_dataset_yaml, read_image
 from utils.distributed import select_device
 from utils.inference import METADATA_FILE, compare_detections, export_metadata, load_exported, median_latency, postprocess, preprocess
@@ -107,10 +107,7 @@ def load_model(path):
     if Path(path).suffix in (".onnx", ".torchscript"):
         raise CheckpointError(f"{path} is already an exported model; export.py takes a .pt checkpoint")
     ckpt = load_checkpoint(path)
-    try:
-        return model_from_checkpoint(ckpt).fuse(), ckpt.get("args") or {}  # fused: no training-only parts in the graph
-    except (KeyError, RuntimeError, ValueError, TypeError) as e:
-        raise CheckpointError(f"{path} has the '{FORMAT}' tag but holds no model this code can build ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+    return model_from_checkpoint(ckpt, path).fuse(), ckpt.get("args") or {}  # fused: no training-only parts in the graph
 
 
 def check_image(ckpt_args, source):

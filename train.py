@@ -32,7 +32,7 @@ from utils.data import DatasetError, EpochBatchSampler, TrainDataset, ValDataset
 from utils.distributed import all_agree, barrier, setup_distributed
 from utils.ema import ModelEMA, unwrap
 from utils.evaluate import evaluate, format_table
-from utils.general import install_crash_handler, next_run_dir, seed_everything, setup_logging, write_crash
+from utils.general import explicit_flags, install_crash_handler, next_run_dir, seed_everything, setup_logging, write_crash
 from utils.loss import DetectionLoss
 from utils.optim import build_optimizer, set_learning_rate
 from utils.plots import plot_confusion_matrix, plot_pr_curve, plot_results
@@ -77,9 +77,9 @@ parser = argparse.ArgumentParser(description="Train a YOLO detector", formatter_
 parser.add_argument("--data", default="data/shapes.yaml", help="dataset yaml")
 parser.add_argument("--model", default="n", help="n, s, m, l, x, or a .pt to start from (its scale and weights)")
 parser.add_argument("--weights", default="", help="initialise from this checkpoint (layers that match)")
-parser.add_argument("--epochs", type=int, default=0, help="0 = the dataset yaml's 'epochs', else 100")
+parser.add_argument("--epochs", type=int, default=100)
 parser.add_argument("--batch", type=int, default=16, help="total batch size over all GPUs")
-parser.add_argument("--imgsz", type=int, default=0, help="training size; 0 = the dataset yaml's 'imgsz', else 640")
+parser.add_argument("--imgsz", type=int, default=640, help="training image size")
 parser.add_argument("--device", default="", help="cpu, 0, 0,1,2,3 (under torchrun: each rank uses LOCAL_RANK)")
 parser.add_argument("--workers", type=int, default=2, help="data-loader processes per rank")
 parser.add_argument("--out", default="", help="run folder (default runs/train/exp, exp2, ...)")
@@ -102,6 +102,7 @@ for key, value in HYP.items():
     names = [f"--{key}"] + ([f"--{key.replace('_', '-')}"] if "_" in key else [])
     parser.add_argument(*names, dest=key, type=type(value), default=value, help="hyperparameter")
 args = parser.parse_args()
+given_flags = explicit_flags(parser, sys.argv[1:])
 
 # -----------------------------------------------------------------------------------------------
 # Set-up: resume, devices, run folder, logging
@@ -136,7 +137,6 @@ log = setup_logging(run_dir / "train.log" if is_main else None, rank)
 crash_context = {"args": vars(args), "epoch": None, "iteration": None, "last_checkpoint": None, "batch": None}
 if is_main:
     install_crash_handler(run_dir, crash_context)  # any uncaught exception writes crash/ first
-    (run_dir / "args.yaml").write_text(yaml.safe_dump(vars(args), sort_keys=False))
 
 # -----------------------------------------------------------------------------------------------
 # Data (rank 0 verifies the labels and writes the cache; the others then read it)
@@ -150,9 +150,13 @@ try:
         barrier(world_size)
 except DatasetError as e:
     sys.exit(f"error: {e}")
-dataset_cfg = yaml.safe_load(Path(data["yaml"]).read_text())
-args.epochs = args.epochs or dataset_cfg.get("epochs", 100)
-args.imgsz = args.imgsz or dataset_cfg.get("imgsz", 640)
+if checkpoint is None:  # a dataset yaml may recommend settings (shapes.yaml does); flags given here win
+    for key, value in (yaml.safe_load(Path(data["yaml"]).read_text()).get("defaults") or {}).items():
+        if not hasattr(args, key):
+            sys.exit(f"error: {data['yaml']}: key 'defaults' names '{key}', which is not a train.py setting")
+        if key not in given_flags:
+            default = parser.get_default(key)
+            setattr(args, key, value if default is None or isinstance(default, bool) else type(default)(value))
 if args.subset:
     train_records, val_records = train_records[: args.subset], val_records[: args.subset]
 names, nc = data["names"], data["nc"]
@@ -192,6 +196,8 @@ if args.optimizer == "adamw":
 weight_decay = args.weight_decay * args.batch * accumulate / args.nominal_batch
 optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weight_decay)
 hyp = {k: getattr(args, k) for k in HYP}
+if is_main:  # every setting as this run resolved it: flags, dataset defaults, optimizer choice
+    (run_dir / "args.yaml").write_text(yaml.safe_dump(vars(args), sort_keys=False))
 
 use_amp = args.amp if args.amp is not None else device.type == "cuda"
 amp_dtype = torch.bfloat16 if device.type == "cpu" or torch.cuda.is_bf16_supported() else torch.float16
@@ -382,6 +388,7 @@ for epoch in range(start_epoch, args.epochs):
                 benchmark_start = time.time()
             if iteration == args.benchmark + 2:
                 seconds = time.time() - benchmark_start
+                progress.close()
                 print(f"benchmark: {args.benchmark * args.batch / seconds:.2f} images/s ({seconds / args.benchmark * 1000:.0f} ms/iteration, batch {args.batch}, {args.imgsz} px, {device})")
                 sys.exit(0)
     if profiler:

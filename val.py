@@ -44,6 +44,7 @@ if not weights:
     sys.exit("no --weights given and no runs/train/*/weights/best.pt found")
 try:
     checkpoint = load_checkpoint(weights)
+    model = model_from_checkpoint(checkpoint, weights)
     data = load_dataset_yaml(args.data or checkpoint["args"]["data"])
     records = load_verified(data[args.split], data["nc"], args.split) if data[args.split] else None
 except (CheckpointError, DatasetError) as e:
@@ -57,7 +58,7 @@ out = Path(args.out) if args.out else next_run_dir("runs/val/exp")
 out.mkdir(parents=True, exist_ok=True)
 log = setup_logging(out / "val.log")
 device = select_device(args.device)
-model = model_from_checkpoint(checkpoint).fuse().to(device)  # fused Conv+BN: same output, faster
+model = model.fuse().to(device)  # fused Conv+BN: same output, faster
 half = args.half and device.type == "cuda"
 if half:
     model.half()

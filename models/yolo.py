@@ -15,7 +15,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from utils.boxes import distances_to_boxes, make_anchors
-from utils.checkpoint import load_checkpoint
+from utils.checkpoint import FORMAT, CheckpointError, load_checkpoint
 
 # scale: (depth multiple, width multiple, max channels), the values users of YOLOv8 know.
 SCALES = {
@@ -218,13 +218,17 @@ def count_gflops(model, imgsz=640):
     return counter.get_total_flops() / 1e9
 
 
-def model_from_checkpoint(ckpt):
+def model_from_checkpoint(ckpt, source=""):
     """Rebuild the network from a checkpoint (a dict or a path), with the EMA weights when it has
     them (last.pt), else its only weights (best.pt holds EMA weights). Returned in eval mode, with
-    `names` and `imgsz` attached."""
+    `names` and `imgsz` attached. A checkpoint that cannot be built: CheckpointError, one sentence."""
     if not isinstance(ckpt, dict):
-        ckpt = load_checkpoint(ckpt)
-    model = YOLO(ckpt["scale"], ckpt["nc"])
-    model.load_state_dict(ckpt["ema"] if "ema" in ckpt else ckpt["model"])
-    model.names, model.imgsz = ckpt["names"], ckpt["imgsz"]
+        ckpt, source = load_checkpoint(ckpt), ckpt
+    try:
+        model = YOLO(ckpt["scale"], ckpt["nc"])
+        model.load_state_dict(ckpt["ema"] if "ema" in ckpt else ckpt["model"])
+        model.names, model.imgsz = ckpt["names"], ckpt["imgsz"]
+    except (KeyError, RuntimeError, ValueError, TypeError) as e:
+        detail = " ".join(str(e).split())[:200]
+        raise CheckpointError(f"{source or 'the checkpoint'} has the '{FORMAT}' tag but holds no model this code can build ({type(e).__name__}: {detail})") from None
     return model.eval()

@@ -32,6 +32,16 @@ def setup_logging(log_file=None, rank=0):
     return log
 
 
+def explicit_flags(parser, argv):
+    """The dest names of the options written on the command line (not left at their defaults)."""
+    given = set()
+    for action in parser._actions:
+        for option in action.option_strings:
+            if any(a == option or a.startswith(option + "=") for a in argv):
+                given.add(action.dest)
+    return given
+
+
 def next_run_dir(base="runs/train/exp"):
     """runs/train/exp, then exp2, exp3, ...: never overwrite an earlier run."""
     base = Path(base)
