@@ -73,7 +73,8 @@ MAX_BAD_LOSSES = 5  # non-finite losses in a row before the run stops and writes
 
 # -----------------------------------------------------------------------------------------------
 # Command line
-parser = argparse.ArgumentParser(description="Train a YOLO detector", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+# allow_abbrev=False: "--epo 3" must not slip past explicit_flags and be overridden by the dataset's defaults
+parser = argparse.ArgumentParser(description="Train a YOLO detector", formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
 parser.add_argument("--data", default="data/shapes.yaml", help="dataset yaml")
 parser.add_argument("--model", default="n", help="n, s, m, l, x, or a .pt to start from (its scale and weights)")
 parser.add_argument("--weights", default="", help="initialise from this checkpoint (layers that match)")

@@ -244,3 +244,15 @@ def test_bad_dataset_yaml_and_bad_checkpoint_get_one_sentence(tmp_path):
     junk.write_bytes(b"not a checkpoint")
     result = run(["--resume", junk], check=False)
     assert result.returncode != 0 and "junk.pt" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_dataset_yaml_defaults_apply_and_flags_given_win(tiny_data, tmp_path):
+    cfg = yaml.safe_load(tiny_data.read_text())
+    with_defaults = tiny_data.parent / "with_defaults.yaml"
+    with_defaults.write_text(yaml.safe_dump({**cfg, "defaults": {"epochs": 7, "lr0": 0.005, "close_mosaic": 2}}))
+    run(["--data", with_defaults, "--lr0", "0.003", "--benchmark", "1", "--out", tmp_path / "run", *TINY])
+    resolved = yaml.safe_load((tmp_path / "run" / "args.yaml").read_text())
+    assert (resolved["epochs"], resolved["close_mosaic"], resolved["lr0"]) == (7, 2, 0.003)
+    with_defaults.write_text(yaml.safe_dump({**cfg, "defaults": {"epoch": 7}}))
+    result = run(["--data", with_defaults, "--benchmark", "1", "--out", tmp_path / "bad", *TINY], check=False)
+    assert result.returncode != 0 and "'epoch'" in result.stderr and "Traceback" not in result.stderr
