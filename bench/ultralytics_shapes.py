@@ -69,6 +69,8 @@ def parse_args():
     parser.add_argument("--workers", type=int, default=2, help="data-loader processes (Ultralytics would force 0 on CPU)")
     parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None, help="default: Ultralytics' own (True)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="extra Ultralytics train() arguments, e.g. --set warmup_epochs=1 nbs=16 close_mosaic=3")
     return parser.parse_args()
 
 
@@ -200,6 +202,11 @@ def train_kwargs(args, data_yaml, out, epochs):
     )
     if args.deterministic is not None:
         kwargs["deterministic"] = args.deterministic
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            sys.exit(f"error: --set {item}: expected KEY=VALUE")
+        kwargs[key] = yaml.safe_load(value)  # 1 -> int, 0.5 -> float, false -> bool
     return kwargs
 
 
@@ -241,7 +248,7 @@ def main():
         "mode": mode, "mAP50-95": None, "mAP50": None, "precision": None, "recall": None, "train_seconds": None,
         "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch, "images_per_second": None,
         "model": MODEL_CFG, "ultralytics": ultralytics.__version__, "torch": torch.__version__,
-        "threads": args.threads, "workers": args.workers,
+        "threads": args.threads, "workers": args.workers, "set": args.set,
     }
     best = None
     if args.benchmark_iters or args.epochs > 0:
