@@ -18,20 +18,11 @@ import torch
 
 import detect
 import export
-from test_export import make_checkpoint, scene
+from test_export import make_checkpoint, one_thread, scene  # noqa: F401 (one_thread: autouse fixture)
 from utils.inference import compare_detections
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = "0.5"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The models here are tiny: on a busy machine, two spinning threads cost far more than they save."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
