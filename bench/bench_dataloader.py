@@ -72,9 +72,9 @@ def time_loader(records, size, hyp, batch, workers, warmup, batches):
 
 def time_train_step(images, targets, nc, steps):
     """Images/s of forward + backward of the n model and its loss on one batch (as train.py does, fp32 CPU)."""
-    model = YOLO("n", nc).train()
+    model = YOLO("n", nc).train().to(memory_format=torch.channels_last)  # as train.py runs it
     loss_fn = DetectionLoss(model.head)
-    x = images.float() / 255
+    x = (images.float() / 255).contiguous(memory_format=torch.channels_last)
     for _ in range(1):  # warm-up: first-call allocations and kernel selection
         loss_fn(model(x), targets)[0].backward()
     start = time.perf_counter()

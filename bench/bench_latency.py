@@ -54,7 +54,7 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    model = YOLO("n", nc=80).fuse()
+    model = YOLO("n", nc=80).fuse().to(memory_format=torch.channels_last)  # as model_from_checkpoint returns it
     rows = []
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer and deprecation warnings, expected here

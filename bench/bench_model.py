@@ -63,11 +63,11 @@ def main():
     print(f"device {device} ({torch.get_num_threads()} threads), torch {torch.__version__}, batch {args.batch}, median of {args.runs}")
     print(f"{'scale':>5} {'params M':>9} {'GFLOPs@640':>10} {'size':>5} {'fwd ms/img':>11} {'fwd+bwd ms/img':>15} {'act MB':>8} {'act MB ckpt':>12} {'saved':>6}")
     for scale in args.scales:
-        model = YOLO(scale, nc=80).to(device)
+        model = YOLO(scale, nc=80).to(device, memory_format=torch.channels_last)  # as train.py and val.py run it
         params, gflops = count_parameters(model) / 1e6, count_gflops(model, 640)
         loss_fn = DetectionLoss(model.head)
         for size in args.sizes:
-            x = torch.rand(args.batch, 3, size, size, device=device)
+            x = torch.rand(args.batch, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
             targets = torch.tensor([[i, i % 80, 10.0 + i, 20.0, size / 2, size / 2 + i] for i in range(args.batch)], device=device)
 
             def forward():
