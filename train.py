@@ -186,7 +186,9 @@ for name, p in model.named_parameters():
     p.requires_grad_(not any(name.startswith(prefix) for prefix in args.freeze.split(",") if prefix))
 # channels_last: the layout oneDNN (CPU) and cuDNN tensor cores (AMP) run convolutions fastest in (~12% per step on a 2-core CPU)
 model.to(device, memory_format=torch.channels_last)
-if args.sync_bn and world_size > 1:
+if args.sync_bn and world_size > 1 and device.type == "cpu":
+    log.warning("--sync-bn: torch's SyncBatchNorm has no CPU kernel; each process keeps its own BN statistics")
+elif args.sync_bn and world_size > 1:
     model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # seed 001, M3: torch's own, current SyncBN
 ema = ModelEMA(model, args.ema_decay, args.ema_tau)
 
@@ -282,7 +284,7 @@ except ImportError:
 profiler = None
 if args.profile and is_main:
     profiler = torch.profiler.profile(
-        schedule=torch.profiler.schedule(wait=1, warmup=1, active=3),
+        schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),  # once: repeat=0 would rewrite the trace every 5 steps
         on_trace_ready=lambda p: p.export_chrome_trace(str(run_dir / "profile_trace.json")),
         record_shapes=True,
     )
@@ -365,8 +367,6 @@ for epoch in range(start_epoch, args.epochs):
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             ema.update(model)
-            if profiler:
-                profiler.step()
             # Saving and stopping happen only here, between optimizer steps, so that no accumulated
             # gradient is lost: the saved state is exactly what an uninterrupted run has.
             pending_save |= bool(args.save_every) and (i + 1) % args.save_every < accumulate
@@ -380,6 +380,8 @@ for epoch in range(start_epoch, args.epochs):
                 crash_context["last_checkpoint"] = str(run_dir / "weights" / "last.pt")
             pending_save = False
 
+        if profiler:  # per micro-step, so that a trace is written even when an epoch has few optimizer steps
+            profiler.step()
         if is_main:
             means = (sums / max(counts["steps"], 1)).tolist()
             memory = torch.cuda.memory_reserved(device) / 2**30 if device.type == "cuda" else 0

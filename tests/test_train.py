@@ -8,6 +8,7 @@ train.py unchanged, so train.py itself has no test hooks.
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,7 +36,9 @@ def tiny_data(tmp_path_factory):
 
 
 def run(args, cwd=REPO, wrapper=None, check=True, **popen):
-    cmd = [sys.executable, str(wrapper) if wrapper else "train.py", *map(str, args)]
+    """`python train.py ARGS` (or `python WRAPPER ARGS`); a first argument ending in .py replaces train.py."""
+    script = [str(wrapper)] if wrapper else [] if str(args[0]).endswith(".py") else ["train.py"]
+    cmd = [sys.executable, *script, *map(str, args)]
     result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, **popen)
     if check and result.returncode != 0:
         raise AssertionError(f"{cmd} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
@@ -81,7 +84,7 @@ def test_killed_run_resumes_to_bitwise_identical_weights(tiny_data, tmp_path):
     run([*common, "--out", tmp_path / "straight"])
 
     # Start the same run, SIGKILL it after its second mid-run save, resume it.
-    out = tmp_path / "killed"
+    out = tmp_path / "runs" / "train" / "killed"
     proc = subprocess.Popen([sys.executable, "train.py", *map(str, common), "--out", str(out)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     last, seen, deadline = out / "weights" / "last.pt", set(), time.time() + 240
     while len(seen) < 2 and proc.poll() is None and time.time() < deadline:
@@ -93,7 +96,8 @@ def test_killed_run_resumes_to_bitwise_identical_weights(tiny_data, tmp_path):
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     state = load(last)
     assert (state["epoch"], state["iteration"]) < (3, 0)
-    run(["--resume", last, "--workers", "2"])
+    # --resume without a path: the newest runs/train/*/weights/last.pt under the working directory
+    run([REPO / "train.py", "--resume", "--workers", "2"], cwd=tmp_path)
 
     straight, resumed = load(tmp_path / "straight/weights/last.pt"), load(last)
     for key in ("model", "ema", "optimizer"):
@@ -256,3 +260,28 @@ def test_dataset_yaml_defaults_apply_and_flags_given_win(tiny_data, tmp_path):
     with_defaults.write_text(yaml.safe_dump({**cfg, "defaults": {"epoch": 7}}))
     result = run(["--data", with_defaults, "--benchmark", "1", "--out", tmp_path / "bad", *TINY], check=False)
     assert result.returncode != 0 and "'epoch'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_weights_freeze_multi_scale_and_the_other_run_options(tiny_data, tmp_path):
+    """--weights initialises, --freeze keeps those parameters out of the optimizer and unchanged,
+    --multi-scale changes the size per iteration (multiples of 32 in 0.5-1.5x imgsz), and --cache ram,
+    --checkpoint-activations, --profile and --benchmark run through and leave what they promise."""
+    run(["--data", tiny_data, "--epochs", "1", "--out", tmp_path / "first", *TINY])
+    sizes = make_wrapper(tmp_path, """
+        print("input size", maps[0].shape[-1] * 8)
+    """)
+    options = ["--multi-scale", "--cache", "ram", "--checkpoint-activations", "--profile", "--accumulate", "1"]
+    result = run(["--data", tiny_data, "--epochs", "2", "--weights", tmp_path / "first/weights/last.pt", "--freeze", "stem,down2", *options, "--out", tmp_path / "second", *TINY], wrapper=sizes)
+    seen = [int(s) for s in re.findall(r"input size (\d+)", result.stdout)]
+    assert len(seen) == 6 and len(set(seen)) > 1 and set(seen) <= {32, 64, 96}, seen
+    first, second = load(tmp_path / "first/weights/last.pt"), load(tmp_path / "second/weights/last.pt")
+    assert "initialised" in (tmp_path / "second/train.log").read_text()
+    for name in ("stem.conv.weight", "down2.bn.weight", "down2.bn.bias"):  # frozen: still the --weights values
+        assert torch.equal(second["model"][name], first["ema"][name]), name
+    assert not torch.equal(second["model"]["stage2.cv1.conv.weight"], first["ema"]["stage2.cv1.conv.weight"])
+    trainable = sum(1 for k in second["model"] if k.endswith(("weight", "bias")) and not k.startswith(("stem.", "down2.")) and "num_batches" not in k)
+    assert sum(len(g["params"]) for g in second["optimizer"]["param_groups"]) == trainable
+    assert json.loads((tmp_path / "second/profile_trace.json").read_text())["traceEvents"]
+
+    result = run(["--data", tiny_data, "--benchmark", "2", "--out", tmp_path / "bench", *TINY])
+    assert re.search(r"benchmark: [0-9.]+ images/s", result.stdout)
