@@ -1,7 +1,7 @@
 """Train Ultralytics YOLOv8n on our shapes set, offline, for a side-by-side comparison with train.py.
 
-Runs with the PEER virtual environment (never /work/venv; ultralytics is not a dependency of this repo),
-following /work/shared/PEERS.md. One-time setup of that environment:
+Runs in a virtual environment of its own, never the project's (ultralytics is not a dependency of this repo).
+One-time setup of that environment:
 
     python3 -m venv /work/peer-venv
     /work/peer-venv/bin/pip install -q torch==2.14.1 torchvision==0.29.1 ultralytics onnx onnxruntime onnxslim pycocotools
@@ -26,7 +26,8 @@ Everything not set here (optimizer 'auto', lr, warmup, augmentation, close_mosai
 Ultralytics' defaults on purpose: the point is to compare its defaults with ours. Only what the comparison needs is
 pinned: from scratch (yolov8n.yaml, pretrained=False), CPU, fp32, no plots, 2 torch threads and 2 loader workers.
 
-OUT/summary.json: mAP50-95, mAP50, precision, recall (Ultralytics' own validator on best.pt, val split),
+OUT/summary.json: mAP50-95, mAP50, precision, recall (Ultralytics' own validator on best.pt, val split), predictions
+(its COCO-format detections of the val split, for `python bench/score_detections.py --category-offset 1`),
 train_seconds (wall time of the whole train() call: setup, epochs, per-epoch val, final val), images_per_second
 (training iterations after the run's first 2, data loading included, validation excluded), epochs, imgsz, batch, and
 a few extras (versions, image counts, paths). In --benchmark-iters mode the metrics are null.
@@ -303,6 +304,12 @@ def main():
             print(f"train: {summary['epochs']} epochs in {train_seconds:.1f} s, {summary['images_per_second']} train "
                   f"images/s (iterations after the first 2, without val)")
             print(f"best.pt on val: mAP50-95 {box.map:.4f} mAP50 {box.map50:.4f} P {box.mp:.4f} R {box.mr:.4f}")
+            if best is not None:
+                # best.pt once more through its validator with save_json: bench/score_detections.py then scores the
+                # same detections with pycocotools, the evaluator our mAP comes from (one evaluator for both repos).
+                YOLO(str(best)).val(data=str(data_yaml), imgsz=args.imgsz, batch=args.batch * 2, save_json=True, plots=False,
+                                    device="cpu", workers=args.workers, project=str(out), name="val", exist_ok=True)
+                summary["predictions"] = str(out / "val" / "predictions.json")
 
     if args.export_onnx:
         summary["onnx"] = export_onnx(args, out, best)
