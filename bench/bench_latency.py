@@ -1,9 +1,10 @@
-"""Inference latency of the n model (random init, nc=80), batch 1, on this machine's CPU: PyTorch
+"""Inference latency of the n model (random init, nc=80 or --nc), batch 1, on this machine's CPU: PyTorch
 (Conv+BN fused, eval), TorchScript (traced) and ONNX Runtime, at 640 and 320 px.
 
     python bench/bench_latency.py                                  # median of 50 runs after 5 warm-up runs
     python bench/bench_latency.py --runs 3                         # a quick smoke check (figures mean little)
     python bench/bench_latency.py --ultralytics-onnx yolov8n.onnx  # + Ultralytics YOLOv8n in ORT, timed the same way
+    python bench/bench_latency.py --nc 6 --ultralytics-onnx v8n640.onnx v8n320.onnx   # one fixed-size file per size
 
 Only the network is timed (no letterbox, no NMS): the input is a fixed random tensor. Random
 weights run exactly as fast as trained ones. Close other programs first: on a shared CPU the
@@ -49,16 +50,17 @@ def main():
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default); ORT uses its own default")
-    parser.add_argument("--ultralytics-onnx", default="", help="an Ultralytics YOLOv8n .onnx to time in ORT the same way")
+    parser.add_argument("--ultralytics-onnx", nargs="*", default=[], help="Ultralytics YOLOv8n .onnx files (fixed sizes or dynamic) to time in ORT the same way")
+    parser.add_argument("--nc", type=int, default=80, help="classes of our model (match the Ultralytics file's: the head's width depends on it)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    model = YOLO("n", nc=80).fuse().to(memory_format=torch.channels_last)  # as model_from_checkpoint returns it
+    model = YOLO("n", nc=args.nc).fuse().to(memory_format=torch.channels_last)  # as model_from_checkpoint returns it
     rows = []
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer and deprecation warnings, expected here
-        theirs = onnx_runner(args.ultralytics_onnx) if args.ultralytics_onnx else None
+        theirs = [onnx_runner(p) for p in args.ultralytics_onnx]
         for size in args.sizes:
             x = torch.rand(1, 3, size, size)
             path = Path(tmp) / f"n{size}.onnx"
@@ -66,12 +68,12 @@ def main():
             traced = torch.jit.trace(model, x)
             ours, _ = onnx_runner(path)
             row = [size] + [median_latency(run, x, args.runs, args.warmup) for run in (model, traced, ours)]
-            if theirs:
-                run, fixed = theirs
-                row.append(median_latency(run, x, args.runs, args.warmup) if fixed in (None, (size, size)) else None)
+            if theirs:  # the first file that takes this size; None when no file does
+                run = next((run for run, fixed in theirs if fixed in (None, (size, size))), None)
+                row.append(median_latency(run, x, args.runs, args.warmup) if run else None)
             rows.append(row)
 
-    print(f"n model, batch 1, median ms of {args.runs} runs after {args.warmup} warm-up | {cpu_name()}, {os.cpu_count()} CPUs | "
+    print(f"n model ({args.nc} classes), batch 1, median ms of {args.runs} runs after {args.warmup} warm-up | {cpu_name()}, {os.cpu_count()} CPUs | "
           f"torch {torch.__version__} ({torch.get_num_threads()} threads), onnxruntime {onnxruntime.__version__}")
     header = ["imgsz", "PyTorch", "TorchScript", "ONNX Runtime"] + (["Ultralytics ORT"] if args.ultralytics_onnx else [])
     print(" | ".join(f"{h:>15}" for h in header))
