@@ -221,7 +221,8 @@ def count_gflops(model, imgsz=640):
 def model_from_checkpoint(ckpt, source=""):
     """Rebuild the network from a checkpoint (a dict or a path), with the EMA weights when it has
     them (last.pt), else its only weights (best.pt holds EMA weights). Returned in eval mode and in
-    channels_last layout (10-20% faster convolutions on CPU and CUDA), with `names` and `imgsz` attached. A checkpoint that cannot be built: CheckpointError, one sentence."""
+    channels_last layout (10-20% faster convolutions on CPU and CUDA), with `names` and `imgsz`
+    attached. A checkpoint that cannot be built: CheckpointError, one sentence."""
     if not isinstance(ckpt, dict):
         ckpt, source = load_checkpoint(ckpt), ckpt
     try:
