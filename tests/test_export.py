@@ -178,7 +178,7 @@ def test_bad_checkpoints_get_one_sentence(exported, tmp_path):
     broken = tmp_path / "broken.pt"
     broken.write_bytes(b"not a checkpoint at all" * 10)
     wrong = tmp_path / "wrong.pt"  # our tag, but the weights do not fit the model it names
-    save_checkpoint({"format": FORMAT, "scale": "n", "nc": 5, "names": list("abcde"), "imgsz": 64, "model": torch.load(exported)["model"]}, wrong)
+    save_checkpoint({"format": FORMAT, "scale": "n", "nc": 5, "names": list("abcde"), "imgsz": 64, "model": torch.load(exported, weights_only=True)["model"]}, wrong)
     for path in (broken, wrong, tmp_path / "missing.pt"):
         with pytest.raises(SystemExit) as exit_info:
             export.main(["--weights", str(path), "--onnx"])

@@ -211,7 +211,7 @@ def test_torchrun_two_cpu_processes_end_with_identical_weights(tiny_data, tmp_pa
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517", str(saver), "--data", str(tiny_data), "--epochs", "1", "--subset", "8", "--out", str(tmp_path / "ddp"), *TINY]
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    rank0, rank1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     params = [k for k in rank0 if "running" not in k and "num_batches" not in k]  # BN stats stay per rank (M2)
     assert all(torch.equal(rank0[k], rank1[k]) for k in params)
     assert (tmp_path / "ddp/weights/last.pt").exists()
