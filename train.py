@@ -12,8 +12,7 @@ import argparse
 import contextlib
 import csv
 import json
-import math
-import random
+import os
 import signal
 import sys
 import time
@@ -28,13 +27,13 @@ from tqdm import tqdm
 
 from models.yolo import YOLO, count_gflops, count_parameters
 from utils.checkpoint import FORMAT, CheckpointError, find_last_checkpoint, load_checkpoint, rng_states, save_checkpoint, set_rng_states
-from utils.data import DatasetError, EpochBatchSampler, TrainDataset, ValDataset, fix_cv2_and_file_limits, load_dataset_yaml, load_verified, make_loader
-from utils.distributed import all_agree, barrier, setup_distributed
+from utils.data import DatasetError, EpochBatchSampler, TrainDataset, ValDataset, fix_cv2_and_file_limits, load_dataset_yaml, load_verified, make_loader, multi_scale_size
+from utils.distributed import any_rank, barrier, realign_ddp, setup_distributed
 from utils.ema import ModelEMA, unwrap
 from utils.evaluate import evaluate, format_table
-from utils.general import explicit_flags, install_crash_handler, next_run_dir, seed_everything, setup_logging, write_crash
+from utils.general import abort_run, explicit_flags, install_crash_handler, next_run_dir, seed_everything, setup_logging
 from utils.loss import DetectionLoss
-from utils.optim import build_optimizer, set_learning_rate
+from utils.optim import build_optimizer, optimizer_step, set_learning_rate
 from utils.plots import plot_confusion_matrix, plot_pr_curve, plot_results
 
 # -----------------------------------------------------------------------------------------------
@@ -69,7 +68,8 @@ HYP = dict(
     ema_decay=0.9999,
     ema_tau=2000,  # EMA decay ramps up over ~tau updates
 )
-MAX_BAD_LOSSES = 5  # non-finite losses in a row before the run stops and writes crash/
+MAX_NONFINITE_STEPS = 5  # optimizer steps in a row with NaN/Inf gradients before the run stops and writes crash/
+MAX_OOM_STEPS = 3  # optimizer steps in a row lost to out-of-memory before the run stops (--batch is too large)
 
 # -----------------------------------------------------------------------------------------------
 # Command line
@@ -82,7 +82,7 @@ parser.add_argument("--epochs", type=int, default=100)
 parser.add_argument("--batch", type=int, default=16, help="total batch size over all GPUs")
 parser.add_argument("--imgsz", type=int, default=640, help="training image size")
 parser.add_argument("--device", default="", help="cpu, 0, 0,1,2,3 (under torchrun: each rank uses LOCAL_RANK)")
-parser.add_argument("--workers", type=int, default=2, help="data-loader processes per rank")
+parser.add_argument("--workers", type=int, default=None, help="data-loader processes per rank (default: the CPU cores per rank, at most 8)")
 parser.add_argument("--out", default="", help="run folder (default runs/train/exp, exp2, ...)")
 parser.add_argument("--resume", nargs="?", const=True, default=False, help="resume from last.pt (newest if no path)")
 parser.add_argument("--seed", type=int, default=0)
@@ -93,6 +93,7 @@ parser.add_argument("--multi-scale", action="store_true", help="vary the image s
 parser.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across GPUs (DDP)")
 parser.add_argument("--accumulate", type=int, default=0, help="micro-batches per optimizer step; 0 = reach nominal_batch")
 parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None, help="mixed precision (default: on for CUDA)")
+parser.add_argument("--amp-dtype", default="auto", choices=["auto", "bf16", "fp16"], help="auto: bf16 on CPUs and GPUs of compute capability 8.0+, else fp16 with loss scaling")
 parser.add_argument("--freeze", default="", help="comma-separated parameter-name prefixes to freeze, e.g. stem,down2,stage2")
 parser.add_argument("--save-every", type=int, default=0, help="also save last.pt every N iterations")
 parser.add_argument("--val-every", type=int, default=1, help="validate every N epochs (and after the last)")
@@ -119,12 +120,16 @@ if args.resume:
         sys.exit(f"--resume: {e}")
     if "optimizer" not in checkpoint:
         sys.exit(f"--resume: {path} holds no training state (best.pt has none); resume from last.pt")
-    # The run continues with the arguments it was started with; only where it runs may change.
-    args = argparse.Namespace(**{**checkpoint["args"], "resume": str(path), "device": args.device, "workers": args.workers})
+    # The run continues with the arguments it was started with; only where and how it runs may change
+    # (another machine: its devices, its cores, the AMP its GPU supports).
+    where = {k: getattr(args, k) for k in ("device", "workers", "amp", "amp_dtype") if k in given_flags or k in ("device", "workers")}
+    args = argparse.Namespace(**{**vars(parser.parse_args([])), **checkpoint["args"], **where, "resume": str(path)})
     args.out = str(Path(path).parents[1])
 
-device, rank, local_rank, world_size = setup_distributed(args.device)
+device, rank, local_rank, world_size, flags_group = setup_distributed(args.device)
 is_main = rank == 0
+if args.workers is None:  # every core feeds the GPUs: the processes of this node share them
+    args.workers = min(8, max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
 seed_everything(args.seed + rank, args.deterministic)  # per-rank seeds; the data's randomness is per sample
 if is_main:
     run_dir = Path(args.out) if args.out else next_run_dir("runs/train/exp")
@@ -143,12 +148,12 @@ if is_main:
 # Data (rank 0 verifies the labels and writes the cache; the others then read it)
 try:
     if not is_main:
-        barrier(world_size)
+        barrier(world_size, flags_group)
     data = load_dataset_yaml(args.data)
     train_records = load_verified(data["train"], data["nc"], "train")
     val_records = load_verified(data["val"], data["nc"], "val")
     if is_main:
-        barrier(world_size)
+        barrier(world_size, flags_group)
 except DatasetError as e:
     sys.exit(f"error: {e}")
 if checkpoint is None:  # a dataset yaml may recommend settings (shapes.yaml does); flags given here win
@@ -167,7 +172,6 @@ if args.batch % world_size:
     sys.exit(f"--batch {args.batch} must be divisible by the number of processes ({world_size})")
 batch = args.batch // world_size  # --batch is the total over all GPUs
 accumulate = args.accumulate or max(round(args.nominal_batch / args.batch), 1)
-batches_per_epoch = -(-len(train_records) // args.batch)
 
 # -----------------------------------------------------------------------------------------------
 # Model, EMA, optimizer, loss
@@ -193,7 +197,7 @@ elif args.sync_bn and world_size > 1:
 ema = ModelEMA(model, args.ema_decay, args.ema_tau)
 
 if args.optimizer == "auto":  # Adam-style for short runs, SGD for long ones (what Ultralytics' "auto" does)
-    args.optimizer = "adamw" if args.epochs * batches_per_epoch < 10_000 else "sgd"
+    args.optimizer = "adamw" if args.epochs * -(-len(train_records) // args.batch) < 10_000 else "sgd"
 args.lr0 = args.lr0 or {"sgd": 0.01, "adamw": 0.002}[args.optimizer]
 if args.optimizer == "adamw":
     args.warmup_bias_lr = min(args.warmup_bias_lr, args.lr0)  # a 0.1 start is far too high for Adam
@@ -204,8 +208,11 @@ if is_main:  # every setting as this run resolved it: flags, dataset defaults, o
     (run_dir / "args.yaml").write_text(yaml.safe_dump(vars(args), sort_keys=False))
 
 use_amp = args.amp if args.amp is not None else device.type == "cuda"
-amp_dtype = torch.bfloat16 if device.type == "cpu" or torch.cuda.is_bf16_supported() else torch.float16
-# fp16 needs loss scaling; its state goes into the checkpoint (seed 001, T1). bf16 does not need it.
+# bf16 where the hardware computes in it: CPUs and GPUs of compute capability 8.0+ (on older GPUs
+# torch.cuda.is_bf16_supported() is true too, emulated and slow). Elsewhere fp16, which needs loss scaling.
+native_bf16 = device.type == "cpu" or (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0))
+amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "auto": torch.bfloat16 if native_bf16 else torch.float16}[args.amp_dtype]
+# The loss scale goes into the checkpoint (seed 001, T1); bf16 has fp32's range and needs no scaling.
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
 loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl)
 
@@ -215,7 +222,8 @@ if checkpoint is not None:
     ema.ema.load_state_dict(checkpoint["ema"])
     ema.updates = checkpoint["ema_updates"]
     optimizer.load_state_dict(checkpoint["optimizer"])
-    scaler.load_state_dict(checkpoint["scaler"])
+    if checkpoint["scaler"]:  # empty when saved without fp16: a run resumed in fp16 then starts a new loss scale
+        scaler.load_state_dict(checkpoint["scaler"])
     start_epoch, start_iteration, best_fitness = checkpoint["epoch"], checkpoint["iteration"], checkpoint["best_fitness"]
     set_rng_states(checkpoint["rng"])
     log.info(f"resuming {args.resume} at epoch {start_epoch}, iteration {start_iteration}")
@@ -239,6 +247,7 @@ log.info(
     f"batch {args.batch} x accumulate {accumulate} | {args.optimizer} lr0 {args.lr0} | {device}"
     + (f" x {world_size} processes" if world_size > 1 else "")
     + (f" | amp {str(amp_dtype).split('.')[-1]}" if use_amp else "")
+    + f" | {args.workers} loader workers"
 )
 
 
@@ -269,7 +278,7 @@ def request_stop(signum, frame):
 signal.signal(signal.SIGTERM, request_stop)
 signal.signal(signal.SIGINT, request_stop)
 results_csv = run_dir / "results.csv"
-columns = ["epoch", "box_loss", "cls_loss", "dfl_loss", "precision", "recall", "mAP50", "mAP50-95", "lr", "seconds", "oom_retries", "skipped_batches", "bad_losses"]
+columns = ["epoch", "box_loss", "cls_loss", "dfl_loss", "precision", "recall", "mAP50", "mAP50-95", "lr", "seconds", "assign_on_cpu", "oom_skipped_steps", "nonfinite_skipped_steps"]
 if is_main and (checkpoint is None or not results_csv.exists()):
     results_csv.write_text(",".join(columns) + "\n")
 elif is_main:  # a killed run may have written rows past its last save: drop them, they are redone
@@ -292,13 +301,15 @@ if args.profile and is_main:
 
 # -----------------------------------------------------------------------------------------------
 # The loop
-bad_losses_in_a_row, pending_save, benchmark_start = 0, False, None
+nonfinite_in_a_row, oom_in_a_row, pending_save, benchmark_start = 0, 0, False, None
 for epoch in range(start_epoch, args.epochs):
     model.train()
     epoch_start = time.time()
     first = start_iteration if epoch == start_epoch else 0
-    sums = torch.zeros(3, device=device)
-    counts = dict(steps=0, oom_retries=0, skipped_batches=0, bad_losses=0)
+    # Loss parts are summed on the device, per accumulation window, and read once per optimizer step.
+    sums, window_sums = torch.zeros(3, device=device), torch.zeros(3, device=device)
+    counts = dict(batches=0, oom_skipped_steps=0, nonfinite_skipped_steps=0)
+    window_batches, window_dropped, loss_fn.assignments_on_cpu = 0, False, 0
     lr = optimizer.param_groups[-1]["lr"]  # (a run resumed at the very end of an epoch trains no step in it)
     if epoch == args.epochs - args.close_mosaic and is_main and hyp["mosaic"] > 0:
         log.info(f"epoch {epoch + 1}: mosaic off for the last {args.close_mosaic} epochs")
@@ -310,67 +321,77 @@ for epoch in range(start_epoch, args.epochs):
         lr = set_learning_rate(optimizer, iteration, epoch, hyp, args.epochs, warmup_iterations)
         images = images.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=torch.channels_last)  # seed 001, D3: uint8 RGB -> 0..1, last
         targets = targets.to(device)
-        if args.multi_scale:  # the size is a pure function of (seed, iteration): all ranks agree (seed 001, M4)
-            size = random.Random(args.seed * 1_000_003 + iteration).randrange(args.imgsz // 2, args.imgsz * 3 // 2 + 32, 32)
+        if args.multi_scale:  # a multiple of 32, and a pure function of (seed, iteration): all ranks agree (seed 001, M4)
+            size = multi_scale_size(args.imgsz, args.seed, iteration)
             if size != images.shape[-1]:
                 targets[:, 2:] *= size / images.shape[-1]
                 images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
         last_micro_step = (i + 1) % accumulate == 0 or i == nb - 1
 
-        # Forward and backward. On CUDA out-of-memory (seed 001, D5: usually one image with very many
-        # boxes, the assigner's memory grows with them) redo the step with the assignment on the CPU;
-        # if that fails too, skip the batch. Counted, logged, never a dead run.
-        bn_statistics = [b.clone() for b in unwrap(model).buffers()]  # a retried forward must not count twice
+        # Forward under autocast; the loss in fp32 (utils/loss.py, which also redoes the label assignment
+        # on the CPU when that alone runs out of memory). Out of memory in the forward or the backward
+        # (the activations: --batch too large) drops the rest of this accumulation window.
         loss = None
-        for assign_on in (None, "cpu"):
-            backward_started = False
+        if not window_dropped:
             try:
                 # seed 001, M5: under DDP only the last micro-step of an accumulation all-reduces gradients.
                 with contextlib.nullcontext() if world_size == 1 or last_micro_step else model.no_sync():
                     with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
-                        loss, parts = loss_fn(model(images), targets, assign_on=assign_on)
-                    bad = all_agree(not torch.isfinite(loss).item(), world_size, device)
-                    if not bad:  # a NaN/Inf loss is skipped on every rank, never backpropagated
-                        backward_started = True
-                        scaler.scale(loss * world_size).backward()  # DDP averages over ranks; undo that
-                break
+                        maps = model(images)
+                loss, parts = loss_fn(maps, targets)
             except torch.OutOfMemoryError:
-                loss = None
-                for saved, buffer in zip(bn_statistics, unwrap(model).buffers()):
-                    buffer.copy_(saved)
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                if backward_started:  # half-accumulated gradients are garbage: drop this window
-                    optimizer.zero_grad(set_to_none=True)
-                log.warning(f"out of memory at epoch {epoch + 1} iteration {i} ({len(targets)} boxes); " + ("retrying with the assignment on the CPU" if assign_on is None else "skipping this batch"))
-                counts["oom_retries" if assign_on is None else "skipped_batches"] += 1
-        if loss is None:
-            continue
-        if bad:
-            counts["bad_losses"] += 1
-            bad_losses_in_a_row += 1
-            log.warning(f"non-finite loss at epoch {epoch + 1} iteration {i}: step skipped ({bad_losses_in_a_row} in a row)")
-            if bad_losses_in_a_row >= MAX_BAD_LOSSES:
-                if is_main:
-                    path = write_crash(run_dir, f"{bad_losses_in_a_row} non-finite losses in a row", crash_context)
-                    log.error(f"stopping: {bad_losses_in_a_row} non-finite losses in a row; context written to {path}")
-                sys.exit(1)
-        else:
-            bad_losses_in_a_row = 0
-            sums += parts
-            counts["steps"] += 1
+                window_dropped = True
+        if last_micro_step:  # the backward below all-reduces: every rank runs it, or none does
+            window_dropped, stop = any_rank([window_dropped, stop_requested], world_size, flags_group)
+        if not window_dropped:
+            try:
+                scaler.scale(loss * world_size).backward()  # DDP averages over ranks; undo that
+                window_sums += parts
+                window_batches += 1
+            except torch.OutOfMemoryError:
+                if world_size > 1 and last_micro_step:  # the other ranks are inside this backward's all-reduce: no way back
+                    raise
+                window_dropped = True
+        maps = loss = None  # out of the except blocks: a failed step's graph is really released here
+        if window_dropped and device.type == "cuda":
+            torch.cuda.empty_cache()
 
         if last_micro_step:
-            scaler.unscale_(optimizer)  # clip the true gradients, not the loss-scaled ones
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            ema.update(model)
+            # One decision per optimizer step, the same on every rank: the window was dropped (agreed
+            # above), or its gradient norm, all-reduced by DDP by now, is NaN/Inf, or the step is taken.
+            if window_dropped:
+                if world_size > 1:
+                    realign_ddp(model, device)
+                optimizer.zero_grad(set_to_none=True)  # half-accumulated gradients are not a step
+                counts["oom_skipped_steps"] += 1
+                oom_in_a_row += 1
+                log.warning(f"out of memory at epoch {epoch + 1} iteration {i}: optimizer step skipped ({oom_in_a_row} in a row)")
+                if oom_in_a_row >= MAX_OOM_STEPS:
+                    smaller = max(args.batch // 2 // world_size * world_size, world_size)
+                    abort_run(
+                        run_dir, f"stopping: out of memory in {oom_in_a_row} optimizer steps in a row: --batch {args.batch} ({batch} per process) "
+                        f"does not fit at {images.shape[-1]} px; try --batch {smaller}" + ("" if args.checkpoint_activations else " or --checkpoint-activations"),
+                        crash_context, is_main,
+                    )  # fmt: skip
+            elif optimizer_step(model, optimizer, scaler, args.clip_grad):
+                ema.update(model)
+                sums += window_sums
+                counts["batches"] += window_batches
+                nonfinite_in_a_row = oom_in_a_row = 0
+            else:
+                counts["nonfinite_skipped_steps"] += 1
+                nonfinite_in_a_row, oom_in_a_row = nonfinite_in_a_row + 1, 0
+                note = f"; fp16 loss scale now {scaler.get_scale():g}" if scaler.is_enabled() else ""
+                log.warning(f"NaN/Inf gradients at epoch {epoch + 1} iteration {i}: optimizer step skipped ({nonfinite_in_a_row} in a row{note})")
+                # fp16: the loss scale starts at 2^16 and halves on each overflow; up to 16 such steps are its search, not a fault.
+                if nonfinite_in_a_row >= MAX_NONFINITE_STEPS + (16 if scaler.is_enabled() else 0):
+                    abort_run(run_dir, f"stopping: {nonfinite_in_a_row} optimizer steps in a row with NaN/Inf gradients", crash_context, is_main)
+            window_sums.zero_()
+            window_batches, window_dropped = 0, False
             # Saving and stopping happen only here, between optimizer steps, so that no accumulated
             # gradient is lost: the saved state is exactly what an uninterrupted run has.
             pending_save |= bool(args.save_every) and (i + 1) % args.save_every < accumulate
-            if all_agree(stop_requested, world_size, device):
+            if stop:
                 if is_main:
                     save_checkpoint(training_state(epoch, i + 1), run_dir / "weights" / "last.pt")
                     log.info(f"saved {run_dir / 'weights' / 'last.pt'} at epoch {epoch + 1} iteration {i + 1}; resume with --resume")
@@ -379,14 +400,14 @@ for epoch in range(start_epoch, args.epochs):
                 save_checkpoint(training_state(epoch, i + 1), run_dir / "weights" / "last.pt")
                 crash_context["last_checkpoint"] = str(run_dir / "weights" / "last.pt")
             pending_save = False
+            if is_main:
+                means = (sums / max(counts["batches"], 1)).tolist()
+                memory = torch.cuda.memory_reserved(device) / 2**30 if device.type == "cuda" else 0
+                rate = (i + 1 - first) * args.batch / (time.time() - epoch_start)
+                progress.set_postfix_str(f"box {means[0]:.3f} cls {means[1]:.3f} dfl {means[2]:.3f} lr {lr:.2e} mem {memory:.1f}G {rate:.1f} img/s")
 
         if profiler:  # per micro-step, so that a trace is written even when an epoch has few optimizer steps
             profiler.step()
-        if is_main:
-            means = (sums / max(counts["steps"], 1)).tolist()
-            memory = torch.cuda.memory_reserved(device) / 2**30 if device.type == "cuda" else 0
-            rate = (i + 1 - first) * args.batch / (time.time() - epoch_start)
-            progress.set_postfix_str(f"box {means[0]:.3f} cls {means[1]:.3f} dfl {means[2]:.3f} lr {lr:.2e} mem {memory:.1f}G {rate:.1f} img/s")
         if args.benchmark:  # images/s over N iterations after 2 warm-up iterations
             if iteration == 2:
                 benchmark_start = time.time()
@@ -404,14 +425,16 @@ for epoch in range(start_epoch, args.epochs):
     if is_main:
         metrics = {"precision": float("nan"), "recall": float("nan"), "mAP50": float("nan"), "mAP50-95": float("nan")}
         if (epoch + 1) % args.val_every == 0 or final_epoch:
-            metrics = evaluate(ema.ema, val_loader, names, device, data["coco_json"], half=False)["metrics"]
+            # fp16 on CUDA: the per-epoch number only picks best.pt; the final one below is fp32
+            metrics = evaluate(ema.ema, val_loader, names, device, data["coco_json"], half=device.type == "cuda")["metrics"]
             fitness = metrics["mAP50-95"]
             if fitness > best_fitness:
                 best_fitness = fitness
                 best = {"format": FORMAT, "scale": scale, "nc": nc, "names": names, "imgsz": args.imgsz, "model": ema.ema.state_dict(), "epoch": epoch + 1, "metrics": metrics, "args": vars(args)}
                 save_checkpoint(best, run_dir / "weights" / "best.pt")  # deployable: EMA weights, no optimizer
-        losses = (sums / max(counts["steps"], 1)).tolist()
-        row = [epoch + 1, *losses, metrics["precision"], metrics["recall"], metrics["mAP50"], metrics["mAP50-95"], lr, time.time() - epoch_start, counts["oom_retries"], counts["skipped_batches"], counts["bad_losses"]]
+        losses = (sums / max(counts["batches"], 1)).tolist()
+        faults = {"assign_on_cpu": loss_fn.assignments_on_cpu, "oom_skipped_steps": counts["oom_skipped_steps"], "nonfinite_skipped_steps": counts["nonfinite_skipped_steps"]}
+        row = [epoch + 1, *losses, metrics["precision"], metrics["recall"], metrics["mAP50"], metrics["mAP50-95"], lr, time.time() - epoch_start, *faults.values()]
         with results_csv.open("a") as f:
             f.write(",".join(f"{v:.5g}" if isinstance(v, float) else str(v) for v in row) + "\n")
         plot_results(results_csv, run_dir / "results.png")
@@ -421,11 +444,11 @@ for epoch in range(start_epoch, args.epochs):
         log.info(
             f"epoch {epoch + 1}/{args.epochs}: box {losses[0]:.3f} cls {losses[1]:.3f} dfl {losses[2]:.3f} | P {metrics['precision']:.3f} R {metrics['recall']:.3f} "
             f"mAP50 {metrics['mAP50']:.3f} mAP50-95 {metrics['mAP50-95']:.3f} | {time.time() - epoch_start:.0f} s"
-            + "".join(f" | {k.replace('_', ' ')} {v}" for k, v in counts.items() if k != "steps" and v)
+            + "".join(f" | {k.replace('_', ' ')} {v}" for k, v in faults.items() if v)
         )
         save_checkpoint(training_state(epoch + 1, 0), run_dir / "weights" / "last.pt")
         crash_context["last_checkpoint"] = str(run_dir / "weights" / "last.pt")
-    barrier(world_size)
+    barrier(world_size, flags_group)
 
 # -----------------------------------------------------------------------------------------------
 # After training: evaluate best.pt once more with plots, and write metrics.json

@@ -74,8 +74,9 @@ def rng_states():
 
 def set_rng_states(states):
     torch.set_rng_state(states["torch"])
-    if states["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    if torch.cuda.is_available():  # a run resumed on a machine with fewer or more GPUs: those present
+        for index, state in enumerate(states["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state, index)
     n = states["numpy"]
     np.random.set_state((n[0], n[1].numpy().astype(np.uint32), *n[2:]))
     p = states["python"]

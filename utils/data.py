@@ -5,12 +5,17 @@ Images are read with cv2 (BGR) and converted to RGB once, in `read_image`; every
 works on uint8 RGB; the training loop divides by 255 on the device (seed 001, items 1-4).
 """
 
+import atexit
+import functools
 import glob
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
+import random
 import resource
+import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -530,6 +535,14 @@ def epoch_order(n, seed, epoch):
     return torch.randperm(n, generator=g).tolist()
 
 
+def multi_scale_size(imgsz, seed, iteration, stride=32):
+    """--multi-scale: the training size of an iteration, 0.5x to 1.5x imgsz, always a multiple of the
+    stride (the levels of the network must halve evenly). A pure function of (seed, iteration), so
+    every DDP rank draws the same size without talking (seed 001, M4) and a resumed run draws the same."""
+    rng = random.Random(seed * 1_000_003 + iteration)
+    return max(rng.randrange(imgsz // 2, imgsz * 3 // 2 + stride) // stride * stride, stride)
+
+
 class EpochBatchSampler:
     """Yields batches of (epoch, index) forever, epoch after epoch, from (start_epoch, skip_batches).
 
@@ -563,12 +576,20 @@ class EpochBatchSampler:
             epoch, skip = epoch + 1, 0
 
 
-def _worker_init(_):
+def _worker_init(main_exiting, _):
     fix_cv2_and_file_limits()  # every worker is a new process: apply the fixes there too
+    # SIGTERM to the whole process group (SLURM pre-emption, kill -- -PGID) and Ctrl+C reach the workers
+    # too: they must live on, so that the main process can finish its step and save last.pt. Once the
+    # main process is exiting, SIGTERM ends them again (multiprocessing terminates its children then, and
+    # waits for them).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0) if main_exiting.is_set() else None)
     torch.set_num_threads(1)  # a worker needs no intra-op threads; they would fight the main process
 
 
 def make_loader(dataset, batch_sampler=None, batch_size=None, workers=2, pin_memory=False):
+    main_exiting = multiprocessing.Event()
+    atexit.register(main_exiting.set)  # runs before multiprocessing's exit hook (registered earlier, by `import torch`)
     return torch.utils.data.DataLoader(
         dataset,
         batch_sampler=batch_sampler,
@@ -577,7 +598,7 @@ def make_loader(dataset, batch_sampler=None, batch_size=None, workers=2, pin_mem
         num_workers=workers,
         collate_fn=collate,
         pin_memory=pin_memory,
-        worker_init_fn=_worker_init,
+        worker_init_fn=functools.partial(_worker_init, main_exiting),
         persistent_workers=workers > 0,  # seed 001 item 8: workers are not re-created each epoch
         prefetch_factor=4 if workers > 0 else None,
     )

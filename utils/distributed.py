@@ -1,60 +1,104 @@
-"""DDP set-up for torchrun (one or many nodes) and SLURM's srun."""
+"""DDP set-up for torchrun (one or many nodes) and SLURM's srun, and the few collectives train.py needs."""
 
 import datetime
 import os
+import shlex
+import sys
 
 import torch
 import torch.distributed as dist
 
+TIMEOUT = datetime.timedelta(hours=3)  # rank 0 validates while the others wait: far more than the default 10 min
+
 
 def setup_distributed(device_arg):
-    """Returns (device, rank, local_rank, world_size). Without torchrun/srun: one process."""
+    """Returns (device, rank, local_rank, world_size, flags_group). Without torchrun/srun: one process.
+
+    flags_group: a gloo group for the small yes/no votes of `any_rank`, so that they are exchanged
+    between the hosts' CPUs and never wait for the GPU's queue of work (None for one process)."""
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_NTASKS", 1)) > 1:
         # srun starts one task per GPU and tells each its ranks through SLURM_* variables;
         # MASTER_ADDR / MASTER_PORT must be exported by the batch script (see README).
         os.environ["RANK"] = os.environ["SLURM_PROCID"]
         os.environ["LOCAL_RANK"] = os.environ["SLURM_LOCALID"]
         os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+        os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
+    gpus = parse_gpus(device_arg)
     if world_size == 1:
-        return select_device(device_arg), 0, 0, 1
+        if len(gpus) > 1:  # never train on one of them silently
+            raise SystemExit(
+                f"--device {device_arg}: one process trains on one GPU. To train on {len(gpus)} GPUs, "
+                f"start one process per GPU:\n  torchrun --nproc_per_node {len(gpus)} {shlex.join(sys.argv)}"
+            )
+        return select_device(device_arg), 0, 0, 1, None
     if device_arg != "cpu" and torch.cuda.is_available():
-        # seed 001, T2: set the device from LOCAL_RANK explicitly; left to guess from the global
-        # rank, a second node picks GPUs it does not have and the run hangs.
-        device = torch.device("cuda", local_rank)
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        if gpus and len(gpus) != local_world_size:
+            raise SystemExit(f"--device {device_arg} names {len(gpus)} GPUs but {local_world_size} processes run on this node: name one GPU per process")
+        # seed 001, T2: the device comes from LOCAL_RANK explicitly; left to guess from the global rank,
+        # a second node picks GPUs it does not have and the run hangs.
+        device = torch.device("cuda", gpus[local_rank] if gpus else local_rank)
         torch.cuda.set_device(device)
         backend = "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    # Rank 0 validates while the others wait at a barrier: allow far more than the default 10 min.
-    dist.init_process_group(backend, timeout=datetime.timedelta(hours=3), device_id=device if backend == "nccl" else None)
-    return device, rank, local_rank, world_size
+    dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if backend == "nccl" else None)
+    flags_group = dist.new_group(backend="gloo", timeout=TIMEOUT) if backend == "nccl" else dist.group.WORLD
+    return device, rank, local_rank, world_size, flags_group
+
+
+def parse_gpus(device_arg):
+    """'0,1' -> [0, 1]; '', 'cpu', 'mps' -> []."""
+    if device_arg in ("", None, "cpu", "mps"):
+        return []
+    try:
+        return [int(g) for g in str(device_arg).split(",")]
+    except ValueError:
+        raise SystemExit(f"--device {device_arg}: expected cpu, mps, a GPU index (0) or a list of them (0,1,2,3)") from None
 
 
 def select_device(device_arg):
-    """'cpu', '0', '0,1' (first listed is used by one process), '' = first GPU if any."""
-    if device_arg in ("", None):
-        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    if device_arg == "cpu":
-        return torch.device("cpu")
-    if device_arg == "mps":
-        return torch.device("mps")
+    """'cpu', 'mps', '0', '0,1' (the first listed is used by one process), '' = first GPU if any.
+    The GPU chosen is made the current one, so that nothing else lands on GPU 0 by default."""
+    if device_arg in ("cpu", "mps"):
+        return torch.device(device_arg)
     if not torch.cuda.is_available():
+        if device_arg in ("", None):
+            return torch.device("cpu")
         raise SystemExit(f"--device {device_arg}: CUDA is not available on this machine (use --device cpu)")
-    return torch.device("cuda", int(str(device_arg).split(",")[0]))
+    gpus = parse_gpus(device_arg) or [0]
+    if gpus[0] >= torch.cuda.device_count():
+        raise SystemExit(f"--device {device_arg}: this machine has {torch.cuda.device_count()} GPU(s), numbered from 0")
+    device = torch.device("cuda", gpus[0])
+    torch.cuda.set_device(device)
+    return device
 
 
-def barrier(world_size):
+def barrier(world_size, group=None):
     if world_size > 1:
-        dist.barrier()
+        dist.barrier(group=group)
 
 
-def all_agree(flag, world_size, device):
-    """True on every rank if any rank says True: a stop request seen by one rank stops all of them
-    at the same step (otherwise the others wait forever in the next all-reduce)."""
+def any_rank(flags, world_size, group=None):
+    """For each flag, True on every rank if it is True on any rank. A decision that must be the same
+    everywhere (stop, skip a step) is taken this way; otherwise the ranks that went on wait forever
+    in the next all-reduce for the ones that did not."""
     if world_size == 1:
-        return flag
-    t = torch.tensor([float(flag)], device=device)
-    dist.all_reduce(t)
-    return bool(t.item() > 0)
+        return list(flags)
+    t = torch.tensor([int(bool(f)) for f in flags], dtype=torch.int32)  # on the CPU: the flags group is gloo
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return [bool(v) for v in t.tolist()]
+
+
+def realign_ddp(model, device):
+    """Call on every rank after an accumulation window was dropped. A rank whose last forward finished
+    has told DDP to expect a backward; a rank that ran out of memory in it has not; the next backward
+    would then all-reduce on some ranks only, and they would wait forever. A tiny forward in eval mode
+    (BN statistics untouched) and a zero backward on every rank bring all of them to the same state."""
+    was_training = model.training
+    model.eval()
+    out = model(torch.zeros(1, 3, 32, 32, device=device))
+    model.train(was_training)
+    (out.float().sum() * 0).backward()

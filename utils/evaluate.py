@@ -25,15 +25,16 @@ def predict_dataset(model, loader, device, conf=0.001, iou=0.7, max_det=300, hal
     """Detections of every validation image in original pixels: dict dataset index -> (n, 6) array
     of x1 y1 x2 y2 score class. Also the time per image of each stage, in ms."""
     model.eval()  # seed 001, M1: BN and dropout must be in inference mode
+    dtype = next(model.parameters()).dtype  # fp16 after val.py --half; fp32 weights (the EMA in training) run in autocast
     results, seconds, images = {}, np.zeros(3), 0
     for batch, _, metas in loader:
         synchronize(device)
         t0 = time.perf_counter()
-        x = batch.to(device, non_blocking=True)
-        x = (x.half() if half else x.float()) / 255  # seed 001, D3: the model takes 0..1
+        x = batch.to(device, non_blocking=True).to(dtype).div_(255)  # seed 001, D3: the model takes 0..1
         synchronize(device)
         t1 = time.perf_counter()
-        predictions = model(x)
+        with torch.autocast(device.type, dtype=torch.float16, enabled=half and device.type == "cuda"):
+            predictions = model(x)
         synchronize(device)
         t2 = time.perf_counter()
         detections = non_max_suppression(predictions.float(), conf, iou, max_det=max_det, multi_label=True)
@@ -56,9 +57,10 @@ def to_coco_detections(results, image_ids, category_ids):
     ]
 
 
-def coco_map(gt, detections, category_ids):
-    """pycocotools' COCOeval. Returns mAP50-95, mAP50, per-class AP arrays, and the evaluated object
-    (for the PR curves). With no detection at all, every number is 0."""
+def coco_map(gt, detections, category_ids, max_det=300):
+    """pycocotools' COCOeval, counting up to max_det detections per image. Returns mAP50-95, mAP50,
+    per-class AP arrays, and the evaluated object (for the PR curves). With no detection at all,
+    every number is 0."""
     nc = len(category_ids)
     if not detections:
         return 0.0, 0.0, np.zeros(nc), np.zeros(nc), None
@@ -68,19 +70,25 @@ def coco_map(gt, detections, category_ids):
         coco_gt.createIndex()
         coco_dt = coco_gt.loadRes(detections)
         ev = COCOeval(coco_gt, coco_dt, "bbox")
+        # COCO's default counts 100 detections per image: an image with 150 objects could never reach
+        # recall 1. summarize() would then report -1 (it asks for maxDets=100 by name), so the two
+        # summary numbers are read from the precision table, exactly as summarize() computes them.
+        ev.params.maxDets = [1, 10, max_det]
         ev.evaluate()
         ev.accumulate()
-        ev.summarize()
-    precision = ev.eval["precision"][:, :, :, 0, -1]  # iou thresholds, recall points, classes (area all, 100 dets)
-    per_class = np.array([p[p > -1].mean() if (p > -1).any() else 0.0 for p in precision.transpose(2, 0, 1)])
-    per_class50 = np.array([p[p > -1].mean() if (p > -1).any() else 0.0 for p in precision[0].T])
-    present = ev.params.catIds
+    precision = ev.eval["precision"][:, :, :, 0, -1]  # iou thresholds, recall points, classes (area all, max_det)
+
+    def mean_ap(p):
+        return float(p[p > -1].mean()) if (p > -1).any() else 0.0
+
+    per_class = np.array([mean_ap(p) for p in precision.transpose(2, 0, 1)])
+    per_class50 = np.array([mean_ap(p) for p in precision[0].T])
     ap = np.zeros(nc)
     ap50 = np.zeros(nc)
-    for k, cat in enumerate(present):
+    for k, cat in enumerate(ev.params.catIds):
         ap[category_ids.index(cat)] = per_class[k]
         ap50[category_ids.index(cat)] = per_class50[k]
-    return float(ev.stats[0]), float(ev.stats[1]), ap, ap50, ev
+    return mean_ap(precision), mean_ap(precision[0]), ap, ap50, ev
 
 
 def precision_recall(ev, category_ids):
@@ -152,7 +160,7 @@ def evaluate(model, loader, names, device, coco_json=None, conf=0.001, iou=0.7, 
     gt, image_ids, category_ids = ground_truth_cached(loader.dataset, names, coco_json)
     results, speed = predict_dataset(model, loader, device, conf, iou, max_det, half)
     detections = to_coco_detections(results, image_ids, category_ids)
-    map5095, map50, ap, ap50, ev = coco_map(gt, detections, category_ids)
+    map5095, map50, ap, ap50, ev = coco_map(gt, detections, category_ids, max_det)
     p, r, curves = precision_recall(ev, category_ids)
     has_gt = curves["n_gt"] > 0
     instances = np.bincount([int(row[0]) for rec in records for row in rec["labels"]], minlength=len(names))

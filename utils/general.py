@@ -55,10 +55,10 @@ def seed_everything(seed, deterministic=False):
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    torch.backends.cudnn.benchmark = not deterministic  # the fastest convolution per shape, found once per shape
     if deterministic:
         # seed 001, M6: floating-point sums depend on the order; pin the algorithms that choose it.
         torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
         torch.backends.cudnn.deterministic = True
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
@@ -88,6 +88,15 @@ def write_crash(run_dir, reason, context):
     if context.get("batch") is not None:
         torch.save(context["batch"], crash / "batch.pt")
     return crash
+
+
+def abort_run(run_dir, message, context, is_main):
+    """Stop the run on every rank with exit status 1 (all ranks call it at the same step); rank 0
+    prints the message and writes crash/ with it as the reason."""
+    if is_main:
+        path = write_crash(run_dir, message, context)
+        logging.getLogger("yolo").error(f"{message} (context written to {path})")
+    sys.exit(1)
 
 
 def install_crash_handler(run_dir, context):

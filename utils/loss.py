@@ -5,7 +5,14 @@ targets of the batch, so it does not grow with the number of boxes; the total is
 by the batch size. One optimizer step sees (batch x accumulate) ~= 64 images (the nominal batch),
 so the gradient of a step is the same whatever `--batch` is, and the learning rates users know from
 YOLOv5/YOLOv8 (SGD lr0=0.01) carry over unchanged.
+
+Precision: the whole loss runs in fp32, whatever the model's dtype under AMP. In bf16 (8 bits of
+mantissa) pixel coordinates round by 2-4 px, class ids above 256 change, and the DFL target's clamp
+just below the last bin rounds onto it (an out-of-range class for the cross-entropy: a crash on CPU,
+a device-side assert on CUDA); in fp16 box areas over 65,504 px^2 overflow the assigner's IoU.
 """
+
+import logging
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +20,8 @@ from torchvision.ops import complete_box_iou_loss
 
 from utils.assigner import assign_targets
 from utils.boxes import boxes_to_distances, distances_to_boxes, make_anchors
+
+log = logging.getLogger("yolo")
 
 
 def pad_targets(targets, batch_size):
@@ -31,16 +40,22 @@ def pad_targets(targets, batch_size):
 class DetectionLoss:
     """Call with the model's training output and the batch's targets; returns (total, parts).
 
-    total: a scalar to backpropagate; parts: detached tensor of (box, cls, dfl), per image.
-    `assign_on` = "cpu" runs the label assignment on the CPU (the OOM retry in train.py).
+    total: a scalar to backpropagate; parts: detached tensor of (box, cls, dfl), per image. Both fp32.
+    `assignments_on_cpu` counts the label assignments that ran out of GPU memory and were redone on
+    the CPU (train.py reports it per epoch).
     """
 
     def __init__(self, head, box_gain=7.5, cls_gain=0.5, dfl_gain=1.5, topk=10):
         self.nc, self.reg_max, self.strides = head.nc, head.reg_max, head.strides
         self.gains = (box_gain, cls_gain, dfl_gain)
         self.topk = topk
+        self.assignments_on_cpu = 0
 
-    def __call__(self, maps, targets, assign_on=None):
+    def __call__(self, maps, targets):
+        with torch.autocast(maps[0].device.type, enabled=False):  # fp32 even when called inside autocast
+            return self.fp32_loss([m.float() for m in maps], targets.float())
+
+    def fp32_loss(self, maps, targets):
         b = maps[0].shape[0]
         flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)  # b, A, 4*reg_max + nc
         pred_distri, pred_logits = flat.split((4 * self.reg_max, self.nc), 2)
@@ -50,25 +65,27 @@ class DetectionLoss:
         pred_distances = pred_distri.view(b, -1, 4, self.reg_max).softmax(3) @ bins
         pred_boxes = distances_to_boxes(pred_distances, anchors)  # grid units
 
-        gt, gt_mask = pad_targets(targets.to(flat.device, flat.dtype), b)
-        target_boxes, target_scores, fg, _ = assign_targets(
-            pred_logits.detach().sigmoid(),
-            (pred_boxes.detach() * strides),
-            anchors * strides,
-            gt[..., :1],
-            gt[..., 1:],
-            gt_mask,
-            topk=self.topk,
-            device=assign_on,
-        )
+        gt, gt_mask = pad_targets(targets.to(flat.device), b)
+        assignment_inputs = (pred_logits.detach().sigmoid(), pred_boxes.detach() * strides, anchors * strides, gt[..., :1], gt[..., 1:], gt_mask)
+        try:
+            assigned = assign_targets(*assignment_inputs, topk=self.topk)
+        except torch.OutOfMemoryError:
+            assigned = None  # seed 001, D5: an image with very many boxes (memory grows as boxes x anchors)
+        if assigned is None:  # out of the except block, the failed attempt's tensors are released
+            if flat.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self.assignments_on_cpu += 1
+            log.warning(f"out of memory in the label assignment ({len(targets)} boxes in the batch): redone on the CPU")
+            assigned = assign_targets(*assignment_inputs, topk=self.topk, device="cpu")
+        target_boxes, target_scores, fg, _ = assigned
         score_sum = target_scores.sum().clamp(min=1)
 
-        loss_cls = F.binary_cross_entropy_with_logits(pred_logits, target_scores.to(pred_logits.dtype), reduction="none").sum() / score_sum
+        loss_cls = F.binary_cross_entropy_with_logits(pred_logits, target_scores, reduction="none").sum() / score_sum
         loss_box = loss_dfl = flat.new_zeros(())
         if fg.any():
             weight = target_scores.sum(-1)[fg]
             target_grid = target_boxes / strides  # to grid units, like the predictions
-            iou_loss = complete_box_iou_loss(pred_boxes[fg].float(), target_grid[fg].float(), reduction="none")
+            iou_loss = complete_box_iou_loss(pred_boxes[fg], target_grid[fg], reduction="none")
             loss_box = (iou_loss * weight).sum() / score_sum
             target_distances = boxes_to_distances(target_grid, anchors, self.reg_max - 1)[fg]
             loss_dfl = (self.distribution_focal_loss(pred_distri[fg].view(-1, self.reg_max), target_distances.view(-1)).view(-1, 4).mean(1) * weight).sum() / score_sum
@@ -78,7 +95,7 @@ class DetectionLoss:
     @staticmethod
     def distribution_focal_loss(logits, target):
         """Cross-entropy against the two bins around a continuous target, weighted by closeness."""
-        left = target.long()
+        left = target.long().clamp_(max=logits.shape[-1] - 2)  # the right bin must exist, whatever the rounding
         weight_right = target - left
         return (
             F.cross_entropy(logits, left, reduction="none") * (1 - weight_right)

@@ -62,3 +62,18 @@ def set_learning_rate(optimizer, iteration, epoch, hyp, epochs, warmup_iteration
         else:
             group["betas"] = (m, group["betas"][1])
     return optimizer.param_groups[-1]["lr"]
+
+
+def optimizer_step(model, optimizer, scaler, max_norm):
+    """Unscale (fp16), clip, and step unless the gradient norm is NaN/Inf; then zero the gradients.
+    Returns whether it stepped. Under DDP the gradients are all-reduced by now, so every rank sees the
+    same norm and takes the same decision without another collective; a NaN anywhere in the
+    accumulation window, on any rank, shows up in it."""
+    scaler.unscale_(optimizer)  # clip the true gradients, not the loss-scaled ones
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    finite = bool(torch.isfinite(norm))  # the one host sync of an optimizer step
+    if finite:
+        scaler.step(optimizer)
+    scaler.update()  # fp16: a non-finite step halves the loss scale
+    optimizer.zero_grad(set_to_none=True)
+    return finite
