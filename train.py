@@ -81,7 +81,7 @@ parser.add_argument("--weights", default="", help="initialise from this checkpoi
 parser.add_argument("--epochs", type=int, default=100)
 parser.add_argument("--batch", type=int, default=16, help="total batch size over all GPUs")
 parser.add_argument("--imgsz", type=int, default=640, help="training image size")
-parser.add_argument("--device", default="", help="cpu, 0, 0,1,2,3 (under torchrun: each rank uses LOCAL_RANK)")
+parser.add_argument("--device", default="", help="cpu, 0, or under torchrun 0,1,2,3 (one GPU per process; default: GPU LOCAL_RANK)")
 parser.add_argument("--workers", type=int, default=None, help="data-loader processes per rank (default: the CPU cores per rank, at most 8)")
 parser.add_argument("--out", default="", help="run folder (default runs/train/exp, exp2, ...)")
 parser.add_argument("--resume", nargs="?", const=True, default=False, help="resume from last.pt (newest if no path)")
@@ -283,7 +283,7 @@ if is_main and (checkpoint is None or not results_csv.exists()):
     results_csv.write_text(",".join(columns) + "\n")
 elif is_main:  # a killed run may have written rows past its last save: drop them, they are redone
     rows = [r for r in csv.DictReader(results_csv.open()) if int(r["epoch"]) <= start_epoch]
-    results_csv.write_text(",".join(columns) + "\n" + "".join(",".join(r[c] for c in columns) + "\n" for r in rows))
+    results_csv.write_text(",".join(columns) + "\n" + "".join(",".join(r.get(c) or "0" for c in columns) + "\n" for r in rows))
 try:
     from torch.utils.tensorboard import SummaryWriter  # optional: scalars when tensorboard is installed
 

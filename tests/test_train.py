@@ -371,3 +371,82 @@ def test_weights_freeze_multi_scale_and_the_other_run_options(tiny_data, tmp_pat
 
     result = run(["--data", tiny_data, "--benchmark", "2", "--out", tmp_path / "bench", *TINY])
     assert re.search(r"benchmark: [0-9.]+ images/s", result.stdout)
+
+
+def make_large_objects(root, n_train=16, n_val=8, size=320, seed=0):
+    """Filled boxes and ellipses of a quarter to two thirds of the image on a dark noisy background:
+    a set that a few epochs of training visibly learn."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for split, n in (("train", n_train), ("val", n_val)):
+        (root / "images" / split).mkdir(parents=True)
+        (root / "labels" / split).mkdir(parents=True)
+        for k in range(n):
+            img = rng.integers(0, 80, (size, size, 3)).astype(np.uint8)
+            rows = []
+            for _ in range(rng.integers(1, 3)):
+                w, h = (int(v) for v in rng.integers(size // 4, size * 2 // 3, 2))
+                x, y = int(rng.integers(0, size - w)), int(rng.integers(0, size - h))
+                cls, colour = int(rng.integers(0, 2)), tuple(int(c) for c in rng.integers(150, 256, 3))
+                if cls == 0:
+                    cv2.rectangle(img, (x, y), (x + w, y + h), colour, -1)
+                else:
+                    cv2.ellipse(img, (x + w // 2, y + h // 2), (w // 2, h // 2), 0, 0, 360, colour, -1)
+                rows.append(f"{cls} {(x + w / 2) / size:.5f} {(y + h / 2) / size:.5f} {w / size:.5f} {h / size:.5f}")
+            cv2.imwrite(str(root / "images" / split / f"{k}.jpg"), img)
+            (root / "labels" / split / f"{k}.txt").write_text("\n".join(rows) + "\n")
+    cfg = root / "large.yaml"
+    cfg.write_text("path: .\ntrain: images/train\nval: images/val\nnames: [box, ellipse]\n")
+    return cfg
+
+
+def test_amp_on_cpu_trains_in_bf16_at_320_px_and_learns(tmp_path):
+    """`--amp --device cpu` is bf16 autocast: the model runs in bf16, the loss in fp32, and it learns."""
+    cfg = make_large_objects(tmp_path / "large")
+    out = tmp_path / "run"
+    # no --workers: the default follows the machine's cores
+    run(["--data", cfg, "--amp", "--device", "cpu", "--imgsz", "320", "--batch", "4", "--epochs", "12", "--mosaic", "0", "--close-mosaic", "0",
+         "--accumulate", "1", "--warmup-epochs", "0", "--lr0", "0.005", "--out", out])  # fmt: skip
+    assert "amp bfloat16" in (out / "train.log").read_text()
+    assert yaml.safe_load((out / "args.yaml").read_text())["workers"] == min(8, len(os.sched_getaffinity(0)))
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    first, last = rows[0], rows[-1]
+    assert float(last["cls_loss"]) + float(last["dfl_loss"]) < 0.85 * (float(first["cls_loss"]) + float(first["dfl_loss"]))
+    best = max(float(r["mAP50"]) for r in rows)
+    assert best >= 0.1 and best >= 3 * float(first["mAP50"]), [r["mAP50"] for r in rows]
+
+
+@pytest.mark.parametrize("before, after", [("fp16", "bf16"), ("bf16", "fp16")])
+def test_resume_across_a_change_of_amp_dtype(tiny_data, tmp_path, before, after):
+    """A run started in fp16 (GradScaler on) resumed where bf16 is chosen (scaler off), and the
+    reverse: a scaler saved disabled is empty, and a resumed fp16 run starts a new loss scale."""
+    out = tmp_path / "runs" / "train" / "exp"
+    stop = make_wrapper(tmp_path, loss="""
+        if n == 4:  # epoch 2: a pre-emption
+            os.kill(os.getpid(), signal.SIGTERM)
+    """)
+    args = ["--data", tiny_data, "--epochs", "3", "--accumulate", "1", "--amp", "--out", out, *TINY]
+    run([*args, "--amp-dtype", before], wrapper=stop)
+    stopped = load(out / "weights/last.pt")
+    assert (stopped["epoch"], stopped["iteration"]) == (1, 1)
+    assert bool(stopped["scaler"]) == (before == "fp16")
+    run(["--resume", out / "weights/last.pt", "--amp-dtype", after])
+    finished = load(out / "weights/last.pt")
+    assert finished["epoch"] == 3 and bool(finished["scaler"]) == (after == "fp16")
+    assert {"bf16": "amp bfloat16", "fp16": "amp float16"}[after] in (out / "train.log").read_text().split("resuming")[-1]
+    assert all(torch.isfinite(v).all() for v in finished["model"].values() if v.is_floating_point())
+
+
+@pytest.mark.parametrize("imgsz", [416, 608])
+def test_multi_scale_at_sizes_that_are_32_mod_64(tiny_data, tmp_path, imgsz):
+    """--multi-scale --imgsz 416 used to crash at the first step (a size that was not a multiple of 32)."""
+    sizes = make_wrapper(tmp_path, loss="""
+        print("input size", maps[0].shape[-1] * 8, maps[0].shape[-2] * 8)
+    """)
+    args = ["--data", tiny_data, "--epochs", "1", "--subset", "6", "--out", tmp_path / "run", *TINY]
+    args[args.index("--imgsz") + 1], args[args.index("--batch") + 1] = str(imgsz), "2"
+    result = run([*args, "--multi-scale", "--accumulate", "1"], wrapper=sizes)
+    seen = [tuple(map(int, s)) for s in re.findall(r"input size (\d+) (\d+)", result.stdout)]
+    assert len(seen) == 3 and all(w == h and w % 32 == 0 and imgsz // 2 - 32 < w <= imgsz * 3 // 2 + 32 for w, h in seen), seen
