@@ -331,13 +331,12 @@ for epoch in range(start_epoch, args.epochs):
         # Forward under autocast; the loss in fp32 (utils/loss.py, which also redoes the label assignment
         # on the CPU when that alone runs out of memory). Out of memory in the forward or the backward
         # (the activations: --batch too large) drops the rest of this accumulation window.
-        loss = None
+        # seed 001, M5: under DDP only the last micro-step of an accumulation all-reduces gradients.
+        sync = contextlib.nullcontext() if world_size == 1 or last_micro_step else model.no_sync()
         if not window_dropped:
             try:
-                # seed 001, M5: under DDP only the last micro-step of an accumulation all-reduces gradients.
-                with contextlib.nullcontext() if world_size == 1 or last_micro_step else model.no_sync():
-                    with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
-                        maps = model(images)
+                with sync, torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
+                    maps = model(images)
                 loss, parts = loss_fn(maps, targets)
             except torch.OutOfMemoryError:
                 window_dropped = True
