@@ -30,9 +30,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from models.yolo import model_from_checkpoint
+from models.yolo import load_model
 from utils.boxes import scale_boxes_to_original, xyxy_to_xywh
 from utils.checkpoint import CheckpointError, find_best_checkpoint
+from utils.coco import detections_to_coco
 from utils.data import IMAGE_SUFFIXES, read_image
 from utils.distributed import select_device
 from utils.general import next_run_dir
@@ -59,12 +60,11 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def load_model(weights, device):
+def open_model(weights, device):
     """The model behind the interface of utils/inference.py; a bad file -> CheckpointError."""
     if Path(weights).suffix != ".pt":
         return load_exported(weights, device)
-    model = model_from_checkpoint(weights).fuse()  # fused Conv+BN: same output, faster
-    return from_pytorch(model, device)
+    return from_pytorch(load_model(weights)[0], device)
 
 
 def list_sources(source):
@@ -117,9 +117,7 @@ def save_results(dets, name, shape, out, args, coco):
         rows = [f"{int(c)} {x:.6f} {y:.6f} {bw:.6f} {bh:.6f} {s:.5f}" for (x, y, bw, bh), s, c in zip(xywh.tolist(), dets[:, 4].tolist(), dets[:, 5].tolist())]
         (out / "labels" / f"{name}.txt").write_text("".join(r + "\n" for r in rows))
     if args.save_json:
-        image_id = int(name) if name.isdigit() else name
-        for x1, y1, x2, y2, s, c in dets.tolist():
-            coco.append({"image_id": image_id, "category_id": int(c), "bbox": [round(x1, 3), round(y1, 3), round(x2 - x1, 3), round(y2 - y1, 3)], "score": round(s, 5)})
+        coco += detections_to_coco(dets.tolist(), int(name) if name.isdigit() else name)
 
 
 def run_video(model, capture, name, imgsz, out, args, coco, seconds):
@@ -159,7 +157,7 @@ def main(argv=None):
         sys.exit("error: no --weights given and no runs/train/*/weights/best.pt found")
     device = select_device(args.device)
     try:
-        model = load_model(weights, device)
+        model = open_model(weights, device)
     except CheckpointError as e:
         sys.exit(f"error: {e}")
     imgsz = args.imgsz * 2 if len(args.imgsz) == 1 else args.imgsz[:2]

@@ -39,9 +39,9 @@ import numpy as np
 import torch
 import torchvision
 
-from models.yolo import model_from_checkpoint
+from models.yolo import load_model
 from utils.boxes import non_max_suppression
-from utils.checkpoint import CheckpointError, find_best_checkpoint, load_checkpoint
+from utils.checkpoint import CheckpointError, find_best_checkpoint
 from utils.data import list_images, load_dataset_yaml, read_image
 from utils.distributed import select_device
 from utils.inference import METADATA_FILE, compare_detections, export_metadata, load_exported, median_latency, postprocess, preprocess
@@ -99,15 +99,6 @@ class ModelWithNMS(torch.nn.Module):
         rows = torch.cat((boxes, score[:, None], cls[:, None]), 1)[fits]
         out = out.view(-1, 6).index_put((image[fits].long() * self.max_det + rank[fits],), rows)
         return out.view(-1, self.max_det, 6), same_image.sum(0).clamp(max=self.max_det).long()
-
-
-def load_model(path):
-    """Our checkpoint -> (fused eval model, training args or {}); anything else -> CheckpointError
-    with one sentence."""
-    if Path(path).suffix in (".onnx", ".torchscript"):
-        raise CheckpointError(f"{path} is already an exported model; export.py takes a .pt checkpoint")
-    ckpt = load_checkpoint(path)
-    return model_from_checkpoint(ckpt, path).fuse(), ckpt.get("args") or {}  # fused: no training-only parts in the graph
 
 
 def check_image(ckpt_args, source):
@@ -231,8 +222,10 @@ def main(argv=None):
         sys.exit("error: --simplify needs an ONNX simplifier: pip install onnxslim (or onnxsim)")
     if args.nms and args.opset < 11:
         sys.exit("error: --nms needs --opset 11 or newer (ONNX NonMaxSuppression)")
+    if Path(weights).suffix in (".onnx", ".torchscript"):
+        sys.exit(f"error: {weights} is already an exported model; export.py takes a .pt checkpoint")
     try:
-        model, train_args = load_model(weights)
+        model, train_args = load_model(weights)  # fused: no training-only parts in the graph
     except CheckpointError as e:
         sys.exit(f"error: {e}")
     imgsz = args.imgsz * 2 if len(args.imgsz) == 1 else args.imgsz[:2]

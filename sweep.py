@@ -69,6 +69,8 @@ from pathlib import Path
 
 import yaml
 
+from utils.general import write_text_atomic
+
 BUILTINS = ("_output", "_name", "_gpus")
 SPEC_KEYS = ("template", "default", "resource", "alias", "output")
 GRACE = 5.0  # seconds a stopped command gets between SIGTERM and SIGKILL
@@ -240,9 +242,7 @@ def read_json(path, default=None):
 
 
 def write_json(path, data):
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)  # readers (sweep.py table, a rerun) never see half a file
+    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")  # readers (sweep.py table, a rerun) never see half a file
 
 
 def still_to_run(exp, force):

@@ -27,14 +27,15 @@ from tqdm import tqdm
 
 from models.yolo import YOLO, count_gflops, count_parameters
 from utils.checkpoint import FORMAT, CheckpointError, find_last_checkpoint, load_checkpoint, rng_states, save_checkpoint, set_rng_states
-from utils.data import DatasetError, EpochBatchSampler, TrainDataset, ValDataset, fix_cv2_and_file_limits, load_dataset_yaml, load_verified, make_loader, multi_scale_size
+from utils.autobatch import auto_batch_size
+from utils.data import DatasetError, EpochBatchSampler, TrainDataset, ValDataset, fix_cv2_and_file_limits, load_dataset_yaml, load_verified, make_loader, multi_scale_size, single_class
 from utils.distributed import any_rank, barrier, realign_ddp, setup_distributed
 from utils.ema import ModelEMA, unwrap
 from utils.evaluate import evaluate, format_table
 from utils.general import abort_run, explicit_flags, install_crash_handler, next_run_dir, seed_everything, setup_logging
 from utils.loss import DetectionLoss
 from utils.optim import build_optimizer, optimizer_step, set_learning_rate
-from utils.plots import plot_confusion_matrix, plot_pr_curve, plot_results
+from utils.plots import in_background, plot_batch, plot_confidence_curves, plot_confusion_matrix, plot_labels, plot_pr_curve, plot_results, plot_val_batch
 
 # -----------------------------------------------------------------------------------------------
 # Hyperparameters (each is also a flag: --lr0 0.02, --close-mosaic 5, ...)
@@ -79,7 +80,7 @@ parser.add_argument("--data", default="data/shapes.yaml", help="dataset yaml")
 parser.add_argument("--model", default="n", help="n, s, m, l, x, or a .pt to start from (its scale and weights)")
 parser.add_argument("--weights", default="", help="initialise from this checkpoint (layers that match)")
 parser.add_argument("--epochs", type=int, default=100)
-parser.add_argument("--batch", type=int, default=16, help="total batch size over all GPUs")
+parser.add_argument("--batch", type=int, default=16, help="total batch size over all GPUs; -1: from the free GPU memory (one GPU)")
 parser.add_argument("--imgsz", type=int, default=640, help="training image size")
 parser.add_argument("--device", default="", help="cpu, 0, or under torchrun 0,1,2,3 (one GPU per process; default: GPU LOCAL_RANK)")
 parser.add_argument("--workers", type=int, default=None, help="data-loader processes per rank (default: the CPU cores per rank, at most 8)")
@@ -88,6 +89,9 @@ parser.add_argument("--resume", nargs="?", const=True, default=False, help="resu
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--deterministic", action="store_true", help="deterministic algorithms (exact resume on CPU)")
 parser.add_argument("--subset", type=int, default=0, help="use only the first N train and val images (debugging)")
+parser.add_argument("--fraction", type=float, default=1.0, help="train on this fraction of the training images (the first ones)")
+parser.add_argument("--single-cls", action="store_true", help="train every class as one class, 'object'")
+parser.add_argument("--patience", type=int, default=100, help="stop when mAP50-95 has not improved for N epochs (0: never)")
 parser.add_argument("--cache", nargs="?", const="ram", default="", choices=["", "ram"], help="keep decoded images in RAM")
 parser.add_argument("--multi-scale", action="store_true", help="vary the image size +/-50%% per iteration")
 parser.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across GPUs (DDP)")
@@ -165,13 +169,14 @@ if checkpoint is None:  # a dataset yaml may recommend settings (shapes.yaml doe
             setattr(args, key, value if default is None or isinstance(default, bool) else type(default)(value))
 if args.subset:
     train_records, val_records = train_records[: args.subset], val_records[: args.subset]
+if not 0 < args.fraction <= 1:
+    sys.exit(f"--fraction {args.fraction} must be in (0, 1]")
+train_records = train_records[: max(1, round(len(train_records) * args.fraction))]
 names, nc = data["names"], data["nc"]
+if args.single_cls:  # one class "object": a detector of where things are, whatever they are
+    names, nc, train_records, val_records = ["object"], 1, single_class(train_records), single_class(val_records)
 if args.imgsz % 32:
     sys.exit(f"--imgsz {args.imgsz} must be a multiple of 32 (the largest stride)")
-if args.batch % world_size:
-    sys.exit(f"--batch {args.batch} must be divisible by the number of processes ({world_size})")
-batch = args.batch // world_size  # --batch is the total over all GPUs
-accumulate = args.accumulate or max(round(args.nominal_batch / args.batch), 1)
 
 # -----------------------------------------------------------------------------------------------
 # Model, EMA, optimizer, loss
@@ -196,6 +201,25 @@ elif args.sync_bn and world_size > 1:
     model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # seed 001, M3: torch's own, current SyncBN
 ema = ModelEMA(model, args.ema_decay, args.ema_tau)
 
+use_amp = args.amp if args.amp is not None else device.type == "cuda"
+# bf16 where the hardware computes in it: CPUs and GPUs of compute capability 8.0+ (on older GPUs
+# torch.cuda.is_bf16_supported() is true too, emulated and slow). Elsewhere fp16, which needs loss scaling.
+native_bf16 = device.type == "cpu" or (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0))
+amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "auto": torch.bfloat16 if native_bf16 else torch.float16}[args.amp_dtype]
+
+if args.batch == -1 and world_size > 1:
+    sys.exit("--batch -1 measures one GPU; under torchrun give the total --batch (e.g. the single-GPU figure times the GPUs)")
+if args.batch == -1 and device.type != "cuda":
+    log.warning(f"--batch -1 measures free GPU memory and needs a CUDA device; using --batch {parser.get_default('batch')}")
+    args.batch = parser.get_default("batch")
+elif args.batch == -1:
+    args.batch = auto_batch_size(model, args.imgsz, device, amp_dtype if use_amp else None)
+    log.info(f"--batch -1: batch {args.batch} uses about 60% of {device}'s free memory")
+if args.batch < 1 or args.batch % world_size:
+    sys.exit(f"--batch {args.batch} must be positive and divisible by the number of processes ({world_size}), or -1 (from free GPU memory)")
+batch = args.batch // world_size  # --batch is the total over all GPUs
+accumulate = args.accumulate or max(round(args.nominal_batch / args.batch), 1)
+
 if args.optimizer == "auto":  # Adam-style for short runs, SGD for long ones (what Ultralytics' "auto" does)
     args.optimizer = "adamw" if args.epochs * -(-len(train_records) // args.batch) < 10_000 else "sgd"
 args.lr0 = args.lr0 or {"sgd": 0.01, "adamw": 0.002}[args.optimizer]
@@ -207,16 +231,11 @@ hyp = {k: getattr(args, k) for k in HYP}
 if is_main:  # every setting as this run resolved it: flags, dataset defaults, optimizer choice
     (run_dir / "args.yaml").write_text(yaml.safe_dump(vars(args), sort_keys=False))
 
-use_amp = args.amp if args.amp is not None else device.type == "cuda"
-# bf16 where the hardware computes in it: CPUs and GPUs of compute capability 8.0+ (on older GPUs
-# torch.cuda.is_bf16_supported() is true too, emulated and slow). Elsewhere fp16, which needs loss scaling.
-native_bf16 = device.type == "cpu" or (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0))
-amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "auto": torch.bfloat16 if native_bf16 else torch.float16}[args.amp_dtype]
 # The loss scale goes into the checkpoint (seed 001, T1); bf16 has fp32's range and needs no scaling.
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
 loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl)
 
-start_epoch, start_iteration, best_fitness = 0, 0, -1.0
+start_epoch, start_iteration, best_fitness, best_epoch = 0, 0, -1.0, 0
 if checkpoint is not None:
     model.load_state_dict(checkpoint["model"])
     ema.ema.load_state_dict(checkpoint["ema"])
@@ -225,6 +244,7 @@ if checkpoint is not None:
     if checkpoint["scaler"]:  # empty when saved without fp16: a run resumed in fp16 then starts a new loss scale
         scaler.load_state_dict(checkpoint["scaler"])
     start_epoch, start_iteration, best_fitness = checkpoint["epoch"], checkpoint["iteration"], checkpoint["best_fitness"]
+    best_epoch = checkpoint.get("best_epoch", start_epoch)  # --patience counts from here
     set_rng_states(checkpoint["rng"])
     log.info(f"resuming {args.resume} at epoch {start_epoch}, iteration {start_iteration}")
 if world_size > 1:
@@ -240,6 +260,8 @@ if is_main:
     val_set = ValDataset(val_records, args.imgsz, batch * 2, cache_ram=args.cache == "ram")
     val_loader = make_loader(val_set, batch_size=batch * 2, workers=args.workers, pin_memory=device.type == "cuda")
 nb = len(sampler)
+if is_main and checkpoint is None:  # look before training: shifted, swapped or mislabelled boxes show here (drawn in a thread)
+    in_background(plot_labels, train_records, names, run_dir / "labels.jpg")
 warmup_iterations = max(round(args.warmup_epochs * nb), 100) if args.warmup_epochs > 0 else 0
 log.info(
     f"model {scale}: {count_parameters(unwrap(model)) / 1e6:.2f} M parameters, {count_gflops(unwrap(model), 640):.1f} GFLOPs at 640 | "
@@ -257,7 +279,7 @@ def training_state(epoch, iteration):
         "format": FORMAT, "scale": scale, "nc": nc, "names": names, "imgsz": args.imgsz,
         "model": unwrap(model).state_dict(), "ema": ema.ema.state_dict(), "ema_updates": ema.updates,
         "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-        "epoch": epoch, "iteration": iteration, "best_fitness": best_fitness,
+        "epoch": epoch, "iteration": iteration, "best_fitness": best_fitness, "best_epoch": best_epoch,
         "rng": rng_states(), "args": vars(args),
     }  # fmt: skip
 
@@ -319,6 +341,8 @@ for epoch in range(start_epoch, args.epochs):
         iteration = epoch * nb + i
         crash_context.update(epoch=epoch, iteration=i, batch={"images": images, "targets": targets})
         lr = set_learning_rate(optimizer, iteration, epoch, hyp, args.epochs, warmup_iterations)
+        if is_main and iteration < 3 and not args.benchmark:  # the augmented batches as the model sees them, boxes and names drawn
+            in_background(plot_batch, images.clone(), targets.clone(), names, run_dir / f"train_batch{iteration}.jpg")
         images = images.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=torch.channels_last)  # seed 001, D3: uint8 RGB -> 0..1, last
         targets = targets.to(device)
         if args.multi_scale:  # a multiple of 32, and a pure function of (seed, iteration): all ranks agree (seed 001, M4)
@@ -428,7 +452,7 @@ for epoch in range(start_epoch, args.epochs):
             metrics = evaluate(ema.ema, val_loader, names, device, data["coco_json"], half=device.type == "cuda")["metrics"]
             fitness = metrics["mAP50-95"]
             if fitness > best_fitness:
-                best_fitness = fitness
+                best_fitness, best_epoch = fitness, epoch + 1
                 best = {"format": FORMAT, "scale": scale, "nc": nc, "names": names, "imgsz": args.imgsz, "model": ema.ema.state_dict(), "epoch": epoch + 1, "metrics": metrics, "args": vars(args)}
                 save_checkpoint(best, run_dir / "weights" / "best.pt")  # deployable: EMA weights, no optimizer
         losses = (sums / max(counts["batches"], 1)).tolist()
@@ -447,7 +471,11 @@ for epoch in range(start_epoch, args.epochs):
         )
         save_checkpoint(training_state(epoch + 1, 0), run_dir / "weights" / "last.pt")
         crash_context["last_checkpoint"] = str(run_dir / "weights" / "last.pt")
-    barrier(world_size, flags_group)
+    # --patience: rank 0 saw the fitness; the vote is also the barrier where the other ranks wait for it
+    patience_over = is_main and args.patience > 0 and epoch + 1 - best_epoch >= args.patience and not final_epoch
+    if any_rank([patience_over], world_size, flags_group)[0]:
+        log.info(f"stopping early: mAP50-95 has not improved for {args.patience} epochs (--patience); the best was epoch {best_epoch}")
+        break
 
 # -----------------------------------------------------------------------------------------------
 # After training: evaluate best.pt once more with plots, and write metrics.json
@@ -459,6 +487,9 @@ if is_main:
     (run_dir / "metrics.json").write_text(json.dumps(result["metrics"], indent=2))
     plot_pr_curve(result["curves"], names, [r["mAP50"] for r in result["per_class"]], run_dir / "pr_curve.png")
     plot_confusion_matrix(result["confusion"], names, run_dir / "confusion_matrix.png")
+    best_f1_confidence = plot_confidence_curves(result["curves"], names, run_dir)
+    plot_val_batch(ema.ema, val_loader, names, run_dir, device)
+    log.info(f"best F1 at confidence {best_f1_confidence:.3f} (F1_curve.png; detect.py --conf)")
     log.info(f"done in {run_dir}: weights/best.pt, weights/last.pt, results.csv, results.png")
 if world_size > 1:
     dist.destroy_process_group()

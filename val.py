@@ -16,11 +16,11 @@ from pathlib import Path
 
 from models.yolo import model_from_checkpoint
 from utils.checkpoint import CheckpointError, find_best_checkpoint, load_checkpoint
-from utils.data import DatasetError, ValDataset, fix_cv2_and_file_limits, load_dataset_yaml, load_verified, make_loader
+from utils.data import DatasetError, ValDataset, fix_cv2_and_file_limits, load_dataset_yaml, load_verified, make_loader, single_class
 from utils.distributed import select_device
 from utils.evaluate import evaluate, format_table
 from utils.general import next_run_dir, setup_logging
-from utils.plots import plot_confusion_matrix, plot_pr_curve
+from utils.plots import plot_confidence_curves, plot_confusion_matrix, plot_pr_curve, plot_val_batch
 
 parser = argparse.ArgumentParser(description="Evaluate a checkpoint (COCO mAP with pycocotools)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 parser.add_argument("--weights", default="", help="checkpoint (default: newest runs/train/*/weights/best.pt)")
@@ -34,6 +34,7 @@ parser.add_argument("--max-det", type=int, default=300)
 parser.add_argument("--device", default="")
 parser.add_argument("--workers", type=int, default=2)
 parser.add_argument("--half", action="store_true", help="fp16 inference (CUDA)")
+parser.add_argument("--single-cls", action="store_true", help="every class as one (automatic for a checkpoint trained with --single-cls)")
 parser.add_argument("--save-json", action="store_true", help="write COCO-format detections to predictions.json")
 parser.add_argument("--out", default="", help="output folder (default runs/val/exp, exp2, ...)")
 args = parser.parse_args()
@@ -51,6 +52,8 @@ except (CheckpointError, DatasetError) as e:
     sys.exit(f"error: {e}")
 if records is None:
     sys.exit(f"error: {data['yaml']} has no '{args.split}' split")
+if args.single_cls or checkpoint["args"].get("single_cls"):  # trained with --single-cls: every class counts as one
+    records, data["names"], data["nc"] = single_class(records), ["object"], 1
 if checkpoint["nc"] != data["nc"]:
     sys.exit(f"error: {weights} predicts {checkpoint['nc']} classes but {data['yaml']} names {data['nc']}")
 
@@ -78,4 +81,6 @@ if args.save_json:
         (out / "ground_truth.json").write_text(json.dumps(result["ground_truth"]))
 plot_pr_curve(result["curves"], data["names"], [r["mAP50"] for r in result["per_class"]], out / "pr_curve.png")
 plot_confusion_matrix(result["confusion"], data["names"], out / "confusion_matrix.png")
+log.info(f"best F1 at confidence {plot_confidence_curves(result['curves'], data['names'], out):.3f} (F1_curve.png; detect.py --conf)")
+plot_val_batch(model, loader, data["names"], out, device)
 log.info(f"results in {out}")

@@ -3,8 +3,9 @@
     python data/yolo2coco.py --data data/coco128.yaml --split val --out instances_val.json
     python data/yolo2coco.py --images my_set/images/val --names cat dog --out instances_val.json
 
-Every image is verified as for training; broken ones are left out and listed. Ids start at 1;
-category id = YOLO class + 1; file_name is relative to the images' common folder.
+Every image is verified as for training; broken ones are left out and listed. Image and annotation
+ids start at 1; category id = YOLO class index (0..nc-1), as in val.py's and detect.py's
+predictions.json; file_name is relative to the images' common folder.
 """
 
 import argparse

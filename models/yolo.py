@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from utils.boxes import distances_to_boxes, make_anchors
+from utils.boxes import dfl_decode, distances_to_boxes, make_anchors
 from utils.checkpoint import FORMAT, CheckpointError, load_checkpoint
 
 # scale: (depth multiple, width multiple, max channels), the values users of YOLOv8 know.
@@ -129,8 +129,7 @@ class Detect(nn.Module):
         anchors, strides = make_anchors(maps, self.strides)
         flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)  # batch, anchors, 4*reg_max + nc
         distri, logits = flat.split((4 * self.reg_max, self.nc), 2)
-        distances = distri.unflatten(2, (4, self.reg_max)).softmax(3) @ self.bins.to(distri.dtype)
-        boxes = distances_to_boxes(distances, anchors) * strides
+        boxes = distances_to_boxes(dfl_decode(distri, self.bins), anchors) * strides
         return torch.cat((boxes, logits.sigmoid()), 2)
 
 
@@ -233,3 +232,12 @@ def model_from_checkpoint(ckpt, source=""):
         detail = " ".join(str(e).split())[:200]
         raise CheckpointError(f"{source or 'the checkpoint'} has the '{FORMAT}' tag but holds no model this code can build ({type(e).__name__}: {detail})") from None
     return model.eval().to(memory_format=torch.channels_last)
+
+
+def load_model(weights):
+    """What detect.py and export.py run: a .pt checkpoint -> (the model of model_from_checkpoint with
+    Conv+BN fused, the checkpoint's training args or {}). Fusing keeps the output; it makes inference
+    faster and leaves no training-only parts in an exported graph. A file that is not one of our
+    checkpoints: CheckpointError, one sentence."""
+    ckpt = load_checkpoint(weights)
+    return model_from_checkpoint(ckpt, weights).fuse(), ckpt.get("args") or {}

@@ -60,7 +60,6 @@ def write_labels(image_path, w, h, rects):
     lp = Path(D.label_path(str(image_path)))
     lp.parent.mkdir(parents=True, exist_ok=True)
     lp.write_text("".join(f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}\n" for x1, y1, x2, y2, c in rects))
-    return lp
 
 
 def rect_dataset(root, n=4, w=96, h=96, split="train", suffix=".png"):

@@ -123,3 +123,12 @@ def test_an_image_with_150_objects_can_reach_recall_1():
     map5095, map50, ap, _, ev = coco_map(gt, detections, [0], max_det=300)
     assert map5095 == pytest.approx(1.0) and map50 == pytest.approx(1.0) and ap[0] == pytest.approx(1.0)
     assert ev.eval["recall"][:, 0, 0, -1].min() == pytest.approx(1.0)
+
+
+def test_batch_minus_one_fits_the_measured_memory_to_the_free_share():
+    from utils.autobatch import fit_batch_size
+
+    linear = lambda b: 1e9 + b * 2e8  # noqa: E731  fixed 1 GB + 0.2 GB per image
+    assert fit_batch_size(linear, free_bytes=10e9, share=0.6) == 25  # (6 GB - 1 GB) / 0.2 GB
+    assert fit_batch_size(lambda b: None if b >= 8 else linear(b), free_bytes=10e9) == 7  # never past an OOM
+    assert fit_batch_size(lambda b: None, free_bytes=10e9) == 1

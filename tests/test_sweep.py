@@ -241,7 +241,7 @@ def test_dry_run_renders_and_runs_nothing(tmp_path):
         "python val.py --gpus 0 --out ${HOME}/Lr0_high", "python val.py --gpus 1,2 --out ${HOME}/default"]
 
 
-def test_example_spec(tmp_path):
+def test_example_spec():
     r = subprocess.run([sys.executable, str(SWEEP), "data/sweep_shapes.yaml", "--dry-run"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

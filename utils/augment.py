@@ -34,7 +34,7 @@ def augment_hsv(img, rng, hgain=0.015, sgain=0.7, vgain=0.4):
     """Random hue, saturation and value, in place. The image is RGB (converted once at read time),
     so the RGB<->HSV conversion here is the matching one (seed 001, item 1)."""
     if not (hgain or sgain or vgain):
-        return img
+        return
     r = rng.uniform(-1, 1, 3) * (hgain, sgain, vgain) + 1
     hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_RGB2HSV))
     x = np.arange(0, 256, dtype=r.dtype)
@@ -43,7 +43,6 @@ def augment_hsv(img, rng, hgain=0.015, sgain=0.7, vgain=0.4):
     lut_val = np.clip(x * r[2], 0, 255).astype(np.uint8)
     merged = cv2.merge((cv2.LUT(hue, lut_hue), cv2.LUT(sat, lut_sat), cv2.LUT(val, lut_val)))
     cv2.cvtColor(merged, cv2.COLOR_HSV2RGB, dst=img)
-    return img
 
 
 def random_affine(img, labels, rng, degrees=0.0, translate=0.1, scale=0.5, shear=0.0, border=(0, 0)):

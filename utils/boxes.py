@@ -9,15 +9,6 @@ import torch
 import torchvision
 
 
-def xywh_to_xyxy(b):
-    out = b.clone() if isinstance(b, torch.Tensor) else np.array(b, dtype=np.float32, copy=True)
-    out[..., 0] = b[..., 0] - b[..., 2] / 2
-    out[..., 1] = b[..., 1] - b[..., 3] / 2
-    out[..., 2] = b[..., 0] + b[..., 2] / 2
-    out[..., 3] = b[..., 1] + b[..., 3] / 2
-    return out
-
-
 def xyxy_to_xywh(b):
     out = b.clone() if isinstance(b, torch.Tensor) else np.array(b, dtype=np.float32, copy=True)
     out[..., 0] = (b[..., 0] + b[..., 2]) / 2
@@ -40,6 +31,12 @@ def make_anchors(maps, strides, offset=0.5):
         points.append(torch.stack((sx, sy), -1).view(-1, 2))
         stride_column.append(torch.full((h * w, 1), s, dtype=m.dtype, device=m.device))
     return torch.cat(points), torch.cat(stride_column)
+
+
+def dfl_decode(distri, bins):
+    """DFL: (..., 4 * reg_max) logits -> (..., 4) side distances in grid units, each the expectation
+    of the softmax over its reg_max bins. `bins`: torch.arange(reg_max) (any device and dtype)."""
+    return distri.unflatten(-1, (4, len(bins))).softmax(-1) @ bins.to(distri.dtype)
 
 
 def distances_to_boxes(distances, anchors):

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from utils.general import atomic_write
+
 FORMAT = "yolo-flat/1"
 
 
@@ -21,16 +23,11 @@ class CheckpointError(ValueError):
 
 
 def save_checkpoint(ckpt, path):
-    """Write to a temporary file in the same folder, fsync, then rename over the target: a crash or
-    a kill while saving leaves the previous file intact, never a truncated one."""
+    """Written atomically and fsynced (utils.general.atomic_write): a crash or a kill while saving
+    leaves the previous file intact, never a truncated one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(ckpt, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: torch.save(ckpt, f), fsync=True)
 
 
 def load_checkpoint(path, map_location="cpu"):

@@ -6,20 +6,45 @@ import os
 from pathlib import Path
 
 
-def records_to_coco(records, names):
-    """Ground truth in COCO format from verified YOLO records. Image id = position in `records`,
-    category id = class index."""
+def records_to_coco(records, names, file_names=None, first_image_id=0, decimals=None):
+    """The one YOLO -> COCO conversion: a COCO instances dict from verified YOLO records ({"im",
+    "shape" (h, w), "labels" [[cls, x1, y1, x2, y2] normalised]}), boxes in pixels.
+
+    Category ids, the same everywhere in this repo (val.py's ground_truth.json and predictions.json,
+    detect.py --save-json, data/yolo2coco.py, bench/score_detections.py): category id = YOLO class
+    index, 0..nc-1 (a tool that reads 0 as "background" needs 1 added). Only with a dataset's own
+    COCO json (`ground_truth(coco_json=...)`) are its category ids used instead.
+    Image id = first_image_id + position in `records`; annotation ids start at 1. file_name: the
+    given `file_names`, else each record's path. decimals: round boxes and areas (for a file)."""
+    fix = (lambda v: v) if decimals is None else (lambda v: round(v, decimals))
     images, annotations = [], []
-    for image_id, r in enumerate(records):
+    for i, r in enumerate(records):
         h, w = r["shape"]
-        images.append({"id": image_id, "file_name": str(r["im"]), "height": h, "width": w})
+        image_id = first_image_id + i
+        images.append({"id": image_id, "file_name": str(r["im"]) if file_names is None else file_names[i], "height": h, "width": w})
         for cls, x1, y1, x2, y2 in r["labels"]:
             bw, bh = (x2 - x1) * w, (y2 - y1) * h
             annotations.append(
-                {"id": len(annotations) + 1, "image_id": image_id, "category_id": int(cls), "bbox": [x1 * w, y1 * h, bw, bh], "area": bw * bh, "iscrowd": 0}
-            )
+                {"id": len(annotations) + 1, "image_id": image_id, "category_id": int(cls), "bbox": [fix(x1 * w), fix(y1 * h), fix(bw), fix(bh)],
+                 "area": fix(bw * bh), "iscrowd": 0}
+            )  # fmt: skip
     categories = [{"id": i, "name": n} for i, n in enumerate(names)]
     return {"images": images, "annotations": annotations, "categories": categories}
+
+
+def detections_to_coco(dets, image_id, category_ids=None):
+    """COCO detection dicts of one image from rows x1 y1 x2 y2 score class (pixels): bbox x y w h
+    rounded to 1e-3 px, score to 1e-5. category_id = category_ids[class], by default the class index
+    (the convention of records_to_coco)."""
+    return [
+        {
+            "image_id": image_id,
+            "category_id": int(c) if category_ids is None else category_ids[int(c)],
+            "bbox": [round(float(x1), 3), round(float(y1), 3), round(float(x2 - x1), 3), round(float(y2 - y1), 3)],
+            "score": round(float(s), 5),
+        }
+        for x1, y1, x2, y2, s, c in dets
+    ]
 
 
 def ground_truth(records, names, coco_json=None):
@@ -73,26 +98,19 @@ def coco_to_yolo(json_path, labels_dir):
 def yolo_to_coco(sources, names):
     """A COCO instances dict from YOLO images + labels (folders or .txt lists). Every image is verified
     first (see utils.data.verify_one): broken ones are left out and returned with their reason.
-    Ids start at 1, as COCO's do (some tools read 0 as "none"); category id = class index + 1;
-    file_name is the path relative to the images' common folder. Returns (dict, problems)."""
+    Image and annotation ids start at 1; category id = class index (records_to_coco's convention);
+    file_name is the path relative to the images' common folder; boxes rounded to 1e-3 px.
+    Returns (dict, problems)."""
     from utils.data import list_images, verify_one
 
     files = list_images(sources)
     common = Path(os.path.commonpath([str(Path(f).parent) for f in files])) if files else Path(".")
-    images, annotations, problems = [], [], []
+    records, file_names, problems = [], [], []
     for f in files:
         status, record, note = verify_one(f, len(names))
         if record is None:
             problems.append(f"{status}\t{f}\t{note}")
             continue
-        h, w = record["shape"]
-        image_id = len(images) + 1
-        images.append({"id": image_id, "file_name": Path(f).relative_to(common).as_posix(), "height": h, "width": w})
-        for cls, x1, y1, x2, y2 in record["labels"]:
-            bw, bh = (x2 - x1) * w, (y2 - y1) * h
-            annotations.append(
-                {"id": len(annotations) + 1, "image_id": image_id, "category_id": int(cls) + 1, "bbox": [round(x1 * w, 3), round(y1 * h, 3), round(bw, 3), round(bh, 3)],
-                 "area": round(bw * bh, 3), "iscrowd": 0}
-            )  # fmt: skip
-    categories = [{"id": i + 1, "name": n} for i, n in enumerate(names)]
-    return {"images": images, "annotations": annotations, "categories": categories}, problems
+        records.append(record)
+        file_names.append(Path(f).relative_to(common).as_posix())
+    return records_to_coco(records, names, file_names, first_image_id=1, decimals=3), problems

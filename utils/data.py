@@ -27,6 +27,7 @@ import yaml
 from tqdm import tqdm
 
 from utils.augment import augment_hsv, flip_lr, flip_ud, letterbox, mosaic4, random_affine
+from utils.general import write_text_atomic  # a module global: tests replace it to simulate a read-only folder
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".dng", ".mpo", ".pfm"}
 CACHE_VERSION = 2  # bump when the record or the checks change: old caches are then rebuilt
@@ -288,18 +289,6 @@ def cache_locations(sources, image_files):
     ]
 
 
-def write_text_atomic(path, text):
-    """Temp file in the same folder, then rename: a reader (another DDP rank, a crash) never sees half a file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def read_cache(cache_path, fingerprint, nc):
     try:
         cache = json.loads(Path(cache_path).read_text())
@@ -357,6 +346,11 @@ def load_verified(sources, nc, split_name="", workers=8):
     if not records:
         raise DatasetError(f"none of the {len(image_files)} {split_name} images is usable" + (f" (reasons in {written})" if written else f" (e.g. {problems[0]})"))
     return records
+
+
+def single_class(records):
+    """--single-cls: the same records with every box of class 0 (the cached records are not changed)."""
+    return [{**r, "labels": [[0, *row[1:]] for row in r["labels"]]} for r in records]
 
 
 def print_verification_totals(totals, split_name, log_path, problems, cached):

@@ -12,7 +12,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from utils.boxes import non_max_suppression, scale_boxes_to_original
-from utils.coco import ground_truth
+from utils.coco import detections_to_coco, ground_truth
 
 
 def synchronize(device):
@@ -47,14 +47,6 @@ def predict_dataset(model, loader, device, conf=0.001, iou=0.7, max_det=300, hal
             results[meta["index"]] = det.cpu().numpy()
     speed = dict(zip(("preprocess", "inference", "nms"), (seconds / max(images, 1) * 1000).round(3).tolist()))
     return results, speed
-
-
-def to_coco_detections(results, image_ids, category_ids):
-    return [
-        {"image_id": image_ids[i], "category_id": category_ids[int(c)], "bbox": [round(float(x1), 3), round(float(y1), 3), round(float(x2 - x1), 3), round(float(y2 - y1), 3)], "score": round(float(s), 5)}
-        for i, det in results.items()
-        for x1, y1, x2, y2, s, c in det
-    ]
 
 
 def coco_map(gt, detections, category_ids, max_det=300):
@@ -159,7 +151,7 @@ def evaluate(model, loader, names, device, coco_json=None, conf=0.001, iou=0.7, 
     records = loader.dataset.records
     gt, image_ids, category_ids = ground_truth_cached(loader.dataset, names, coco_json)
     results, speed = predict_dataset(model, loader, device, conf, iou, max_det, half)
-    detections = to_coco_detections(results, image_ids, category_ids)
+    detections = [d for i, det in results.items() for d in detections_to_coco(det, image_ids[i], category_ids)]
     map5095, map50, ap, ap50, ev = coco_map(gt, detections, category_ids, max_det)
     p, r, curves = precision_recall(ev, category_ids)
     has_gt = curves["n_gt"] > 0

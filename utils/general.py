@@ -1,4 +1,8 @@
-"""Small helpers the scripts share: logging, run folders, seeds, crash reports."""
+"""Small helpers the scripts share: logging, run folders, atomic writes, seeds, crash reports.
+
+numpy and torch are imported inside the functions that use them: sweep.py imports this module and
+must start in a fraction of a second, without torch.
+"""
 
 import json
 import logging
@@ -10,8 +14,6 @@ import sys
 import traceback
 from pathlib import Path
 
-import numpy as np
-import torch
 import yaml
 
 
@@ -51,7 +53,34 @@ def next_run_dir(base="runs/train/exp"):
     return base.with_name(f"{base.name}{max(taken) + 1}")
 
 
+def atomic_write(path, write, fsync=False):
+    """Write `path` all at once: `write(f)` fills a temporary file (opened in binary mode) in the same
+    folder, which is then renamed over `path`. A reader (another process, a DDP rank, a rerun) never
+    sees half a file; if `write` fails, the previous file is left as it was and the temporary file is
+    removed. fsync=True also flushes the data to the disk before the rename, so that a power cut or a
+    kill while saving leaves the previous file intact, never a truncated one (for checkpoints)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path, text):
+    """atomic_write for a string (UTF-8)."""
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
 def seed_everything(seed, deterministic=False):
+    import numpy as np
+    import torch
+
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -64,6 +93,8 @@ def seed_everything(seed, deterministic=False):
 
 
 def environment_info():
+    import torch
+
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -86,6 +117,8 @@ def write_crash(run_dir, reason, context):
     info = {k: v for k, v in context.items() if k != "batch"}
     (crash / "context.yaml").write_text(yaml.safe_dump(info, sort_keys=False))
     if context.get("batch") is not None:
+        import torch
+
         torch.save(context["batch"], crash / "batch.pt")
     return crash
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torchvision.ops import complete_box_iou_loss
 
 from utils.assigner import assign_targets
-from utils.boxes import boxes_to_distances, distances_to_boxes, make_anchors
+from utils.boxes import boxes_to_distances, dfl_decode, distances_to_boxes, make_anchors
 
 log = logging.getLogger("yolo")
 
@@ -62,8 +62,7 @@ class DetectionLoss:
         anchors, strides = make_anchors(maps, self.strides)  # grid units, and each anchor's stride
 
         bins = torch.arange(self.reg_max, device=flat.device, dtype=flat.dtype)
-        pred_distances = pred_distri.view(b, -1, 4, self.reg_max).softmax(3) @ bins
-        pred_boxes = distances_to_boxes(pred_distances, anchors)  # grid units
+        pred_boxes = distances_to_boxes(dfl_decode(pred_distri, bins), anchors)  # grid units
 
         gt, gt_mask = pad_targets(targets.to(flat.device), b)
         assignment_inputs = (pred_logits.detach().sigmoid(), pred_boxes.detach() * strides, anchors * strides, gt[..., :1], gt[..., 1:], gt_mask)

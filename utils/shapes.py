@@ -16,11 +16,12 @@ import argparse
 import fcntl
 import json
 import math
-import os
 from pathlib import Path
 
 import cv2
 import numpy as np
+
+from utils.general import atomic_write, write_text_atomic
 
 NAMES = ["circle", "square", "triangle", "star", "cross", "hexagon"]
 GENERATOR_VERSION = 1  # bump when the drawing changes, so old copies are regenerated
@@ -143,13 +144,6 @@ def draw_image(rng, w, h, max_objects=12, empty_fraction=0.08):
     return img, labels
 
 
-def write_bytes_atomic(path, data):
-    """Temp file then rename: a process that reads the set while another writes it never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def make_shapes(root, n_train=1000, n_val=200, seed=0, size=320):
     """Write images/{train,val}/*.jpg and labels/{train,val}/*.txt under root. Returns root.
     Does nothing when root already holds a set made with the same settings."""
@@ -179,11 +173,11 @@ def make_shapes(root, n_train=1000, n_val=200, seed=0, size=320):
                 img, labels = draw_image(rng, w, size)
                 stem = f"{split}_{i:05d}"
                 jpeg = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90])[1]
-                write_bytes_atomic(root / "images" / split / f"{stem}.jpg", jpeg.tobytes())
+                atomic_write(root / "images" / split / f"{stem}.jpg", lambda f: f.write(jpeg.tobytes()))
                 rows = [f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / size:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / size:.6f}" for c, x1, y1, x2, y2 in labels]
                 # An image with no object gets no label file: the YOLO convention for a background image.
                 if rows:
-                    write_bytes_atomic(root / "labels" / split / f"{stem}.txt", ("\n".join(rows) + "\n").encode())
+                    write_text_atomic(root / "labels" / split / f"{stem}.txt", "\n".join(rows) + "\n")
         marker.write_text(json.dumps(settings))
     return root
 

@@ -1,0 +1,49 @@
+"""--batch -1: the largest batch that fits in a share of the GPU's free memory, measured, not guessed."""
+
+import copy
+
+import numpy as np
+import torch
+
+
+def fit_batch_size(memory_at, free_bytes, share=0.6, probes=(1, 2, 4, 8, 16)):
+    """Fit memory = fixed + per_image * batch to the memory measured at a few batch sizes
+    (`memory_at(b)`: bytes, or None when b ran out of memory) and solve for `share` of `free_bytes`.
+    Never more than the first size that ran out of memory, never less than 1."""
+    sizes, used, ceiling = [], [], None
+    for b in probes:
+        bytes_used = memory_at(b)
+        if bytes_used is None:
+            ceiling = b - 1
+            break
+        sizes.append(b)
+        used.append(bytes_used)
+    if len(sizes) < 2:
+        return max(sizes or [1])
+    per_image, fixed = np.polyfit(sizes, used, 1)
+    batch = int((share * free_bytes - fixed) / max(per_image, 1.0) + 1e-3)  # the fit's rounding must not cost an image
+    return max(1, min(batch, ceiling) if ceiling else batch)
+
+
+def auto_batch_size(model, imgsz, device, amp_dtype=None, share=0.6):
+    """Measure a training step's peak memory on a copy of the model (BN statistics of the real one stay
+    untouched) at batch 1..16 and fit the batch that uses `share` of the memory free now."""
+    probe = copy.deepcopy(model).train()
+    free, _ = torch.cuda.mem_get_info(device)
+
+    def memory_at(b):
+        ran_out = False
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+        try:
+            x = torch.zeros(b, 3, imgsz, imgsz, device=device).contiguous(memory_format=torch.channels_last)
+            with torch.autocast("cuda", dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                outputs = probe(x)
+            sum(o.float().sum() for o in outputs).backward()
+        except torch.OutOfMemoryError:
+            ran_out = True
+        probe.zero_grad(set_to_none=True)
+        return None if ran_out else torch.cuda.max_memory_allocated(device) - start
+
+    return fit_batch_size(memory_at, free, share)  # the probe's memory stays in torch's cache, for the training to reuse
