@@ -112,7 +112,7 @@ given_flags = explicit_flags(parser, sys.argv[1:])
 
 # -----------------------------------------------------------------------------------------------
 # Set-up: resume, devices, run folder, logging
-fix_cv2_and_file_limits()  # seed 001, items 6-7 (and again in every data-loader worker)
+fix_cv2_and_file_limits()  # pitfalls D6-D7: file descriptors and cv2's threads (and again in every data-loader worker)
 checkpoint = None
 if args.resume:
     path = args.resume if isinstance(args.resume, str) else find_last_checkpoint()
@@ -198,7 +198,7 @@ model.to(device, memory_format=torch.channels_last)
 if args.sync_bn and world_size > 1 and device.type == "cpu":
     log.warning("--sync-bn: torch's SyncBatchNorm has no CPU kernel; each process keeps its own BN statistics")
 elif args.sync_bn and world_size > 1:
-    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # seed 001, M3: torch's own, current SyncBN
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # pitfall M3: torch's own, current SyncBN (older ones had bugs)
 ema = ModelEMA(model, args.ema_decay, args.ema_tau)
 
 use_amp = args.amp if args.amp is not None else device.type == "cuda"
@@ -231,7 +231,7 @@ hyp = {k: getattr(args, k) for k in HYP}
 if is_main:  # every setting as this run resolved it: flags, dataset defaults, optimizer choice
     (run_dir / "args.yaml").write_text(yaml.safe_dump(vars(args), sort_keys=False))
 
-# The loss scale goes into the checkpoint (seed 001, T1); bf16 has fp32's range and needs no scaling.
+# The loss scale goes into the checkpoint (pitfall T1: else a resumed run searches the scale again); bf16 has fp32's range and needs no scaling.
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
 loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl)
 
@@ -248,7 +248,7 @@ if checkpoint is not None:
     set_rng_states(checkpoint["rng"])
     log.info(f"resuming {args.resume} at epoch {start_epoch}, iteration {start_iteration}")
 if world_size > 1:
-    # seed 001, M2: keep each rank's BN statistics (no broadcast from rank 0 every forward);
+    # pitfall M2: keep each rank's BN statistics (no broadcast from rank 0 every forward);
     # validation and best.pt use the EMA, one consistent model.
     model = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None, broadcast_buffers=False)
 
@@ -343,9 +343,9 @@ for epoch in range(start_epoch, args.epochs):
         lr = set_learning_rate(optimizer, iteration, epoch, hyp, args.epochs, warmup_iterations)
         if is_main and iteration < 3 and not args.benchmark:  # the augmented batches as the model sees them, boxes and names drawn
             in_background(plot_batch, images.clone(), targets.clone(), names, run_dir / f"train_batch{iteration}.jpg")
-        images = images.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=torch.channels_last)  # seed 001, D3: uint8 RGB -> 0..1, last
+        images = images.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=torch.channels_last)  # pitfall D3: uint8 RGB -> 0..1, last
         targets = targets.to(device)
-        if args.multi_scale:  # a multiple of 32, and a pure function of (seed, iteration): all ranks agree (seed 001, M4)
+        if args.multi_scale:  # a multiple of 32, and a pure function of (seed, iteration): all ranks agree (pitfall M4)
             size = multi_scale_size(args.imgsz, args.seed, iteration)
             if size != images.shape[-1]:
                 targets[:, 2:] *= size / images.shape[-1]
@@ -355,7 +355,7 @@ for epoch in range(start_epoch, args.epochs):
         # Forward under autocast; the loss in fp32 (utils/loss.py, which also redoes the label assignment
         # on the CPU when that alone runs out of memory). Out of memory in the forward or the backward
         # (the activations: --batch too large) drops the rest of this accumulation window.
-        # seed 001, M5: under DDP only the last micro-step of an accumulation all-reduces gradients.
+        # pitfall M5: under DDP only the last micro-step of an accumulation all-reduces gradients.
         sync = contextlib.nullcontext() if world_size == 1 or last_micro_step else model.no_sync()
         if not window_dropped:
             try:

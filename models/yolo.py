@@ -41,7 +41,7 @@ class Conv(nn.Module):
         return self.act(self.bn(self.conv(x)))
 
     def fuse(self):
-        # Folding is only valid with frozen statistics, i.e. eval mode (seed 001: BN differs in train and eval).
+        # Folding is only valid with frozen statistics, i.e. eval mode (pitfall M1: BatchNorm behaves differently in train and eval).
         self.conv = torch.nn.utils.fusion.fuse_conv_bn_eval(self.conv.eval(), self.bn.eval())
         self.bn = nn.Identity()
 
@@ -147,7 +147,7 @@ class YOLO(nn.Module):
             raise ValueError(f"model scale must be one of {', '.join(SCALES)}, got {scale!r}")
         depth, width, max_ch = SCALES[scale]
         self.scale, self.nc = scale, nc
-        # Recompute activations in backward instead of storing them (seed 000: memory for compute).
+        # Recompute activations in backward instead of storing them (pitfall E2: spend compute to save memory).
         self.checkpoint_activations = checkpoint_activations
         c1, c2, c3, c4, c5 = (_width(c, width, max_ch) for c in (64, 128, 256, 512, 1024))
         n3, n6 = max(round(3 * depth), 1), max(round(6 * depth), 1)

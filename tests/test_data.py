@@ -685,7 +685,7 @@ def test_same_batches_with_0_1_and_2_workers_and_after_a_mid_epoch_restart(tmp_p
 
 
 class WorkerSettings(torch.utils.data.Dataset):
-    """Reports, from inside the DataLoader worker, the settings seed 001 items 6-8 are about."""
+    """Reports, from inside the DataLoader worker, the settings pitfalls D6-D8 are about (file descriptors, cv2 threads, persistent workers)."""
 
     def __len__(self):
         return 4

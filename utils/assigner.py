@@ -7,7 +7,7 @@ are soft: one-hot scaled by the normalised alignment, so a well-placed anchor is
 high score and a poorly placed one for a low score (IoU-aware classification).
 
 Memory grows as batch x boxes x anchors: this is the part of a step that runs out of GPU memory
-on an image with thousands of boxes (seed 001, item 5). `assign_targets(..., device="cpu")`
+on an image with thousands of boxes (pitfall D5). `assign_targets(..., device="cpu")`
 runs it on the CPU and returns the results on the caller's device.
 """
 

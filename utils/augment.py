@@ -1,4 +1,4 @@
-"""Image augmentations for detection. All of them work on uint8 RGB images (seed 001, item 4:
+"""Image augmentations for detection. All of them work on uint8 RGB images (pitfall D4:
 an augmentation written for 0..255 breaks on a 0..1 tensor), and each one moves the boxes with
 the pixels. Boxes are numpy arrays of rows (class, x1, y1, x2, y2) in pixels.
 
@@ -32,7 +32,7 @@ def letterbox(img, new_shape, scaleup=True, centre=True):
 
 def augment_hsv(img, rng, hgain=0.015, sgain=0.7, vgain=0.4):
     """Random hue, saturation and value, in place. The image is RGB (converted once at read time),
-    so the RGB<->HSV conversion here is the matching one (seed 001, item 1)."""
+    so the RGB<->HSV conversion here is the matching one (pitfall D1)."""
     if not (hgain or sgain or vgain):
         return
     r = rng.uniform(-1, 1, 3) * (hgain, sgain, vgain) + 1

@@ -2,7 +2,7 @@
 datasets, and the deterministic sampler that makes exact resume possible.
 
 Images are read with cv2 (BGR) and converted to RGB once, in `read_image`; everything after
-works on uint8 RGB; the training loop divides by 255 on the device (seed 001, items 1-4).
+works on uint8 RGB; the training loop divides by 255 on the device (pitfalls D1-D4: channel order and value range mixed up between libraries).
 """
 
 import atexit
@@ -41,10 +41,10 @@ class DatasetError(ValueError):
 
 def fix_cv2_and_file_limits():
     """Call in the main process and in every DataLoader worker."""
-    cv2.setNumThreads(0)  # seed 001 item 7: cv2's own threads inside forked workers deadlock or crawl
-    cv2.ocl.setUseOpenCL(False)  # seed 001 item 7: OpenCL next to CUDA slows things down
+    cv2.setNumThreads(0)  # pitfall D7: cv2's own threads inside forked workers deadlock or crawl
+    cv2.ocl.setUseOpenCL(False)  # pitfall D7: OpenCL next to CUDA slows things down
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:  # seed 001 item 6: many workers exhaust file descriptors
+    if soft < hard:  # pitfall D6: many workers exhaust file descriptors
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError):  # an unlimited hard limit some systems refuse as a soft one
@@ -179,7 +179,7 @@ def read_image(path):
     img = cv2.imread(path, cv2.IMREAD_COLOR)
     if img is None:
         return None
-    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)  # seed 001 items 1-2: BGR -> RGB exactly once, here
+    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)  # pitfalls D1-D2: cv2 reads BGR, the model and the HSV code expect RGB: convert once, here
 
 
 def jpeg_is_complete(path):
@@ -532,7 +532,7 @@ def epoch_order(n, seed, epoch):
 def multi_scale_size(imgsz, seed, iteration, stride=32):
     """--multi-scale: the training size of an iteration, 0.5x to 1.5x imgsz, always a multiple of the
     stride (the levels of the network must halve evenly). A pure function of (seed, iteration), so
-    every DDP rank draws the same size without talking (seed 001, M4) and a resumed run draws the same."""
+    every DDP rank draws the same size without talking (pitfall M4: else a rank with a small size waits for one with a large size) and a resumed run draws the same."""
     rng = random.Random(seed * 1_000_003 + iteration)
     return max(rng.randrange(imgsz // 2, imgsz * 3 // 2 + stride) // stride * stride, stride)
 
@@ -540,7 +540,7 @@ def multi_scale_size(imgsz, seed, iteration, stride=32):
 class EpochBatchSampler:
     """Yields batches of (epoch, index) forever, epoch after epoch, from (start_epoch, skip_batches).
 
-    Never ending on purpose (seed 001, item 8): the DataLoader's workers are created once and live
+    Never ending on purpose (pitfall D8): the DataLoader's workers are created once and live
     for the whole run, instead of being re-created each epoch with code the user has edited since.
     Each DDP rank takes a fixed slice of the epoch's order; all ranks get the same batch count."""
 
@@ -593,6 +593,6 @@ def make_loader(dataset, batch_sampler=None, batch_size=None, workers=2, pin_mem
         collate_fn=collate,
         pin_memory=pin_memory,
         worker_init_fn=functools.partial(_worker_init, main_exiting),
-        persistent_workers=workers > 0,  # seed 001 item 8: workers are not re-created each epoch
+        persistent_workers=workers > 0,  # pitfall D8: workers re-created each epoch would re-import code edited since
         prefetch_factor=4 if workers > 0 else None,
     )

@@ -37,7 +37,7 @@ def setup_distributed(device_arg):
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         if gpus and len(gpus) != local_world_size:
             raise SystemExit(f"--device {device_arg} names {len(gpus)} GPUs but {local_world_size} processes run on this node: name one GPU per process")
-        # seed 001, T2: the device comes from LOCAL_RANK explicitly; left to guess from the global rank,
+        # pitfall T2: the device comes from LOCAL_RANK explicitly; left to guess from the global rank,
         # a second node picks GPUs it does not have and the run hangs.
         device = torch.device("cuda", gpus[local_rank] if gpus else local_rank)
         torch.cuda.set_device(device)

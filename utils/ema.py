@@ -11,12 +11,12 @@ class ModelEMA:
     not dominated by the random initial weights: decay(updates) = decay * (1 - exp(-updates / tau))."""
 
     def __init__(self, model, decay=0.9999, tau=2000, updates=0):
-        self.ema = copy.deepcopy(unwrap(model)).eval()  # always eval: BN uses running stats (seed 001, M1)
+        self.ema = copy.deepcopy(unwrap(model)).eval()  # always eval: BN uses running stats (pitfall M1)
         self.decay, self.tau, self.updates = decay, tau, updates
         for p in self.ema.parameters():
             p.requires_grad_(False)
 
-    @torch.no_grad()  # seed 000 / E1: an EMA update must never keep the autograd graph alive
+    @torch.no_grad()  # pitfall E1: an EMA update must never keep the autograd graph alive
     def update(self, model):
         self.updates += 1
         d = self.decay * (1 - math.exp(-self.updates / self.tau))

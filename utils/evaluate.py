@@ -24,13 +24,13 @@ def synchronize(device):
 def predict_dataset(model, loader, device, conf=0.001, iou=0.7, max_det=300, half=False):
     """Detections of every validation image in original pixels: dict dataset index -> (n, 6) array
     of x1 y1 x2 y2 score class. Also the time per image of each stage, in ms."""
-    model.eval()  # seed 001, M1: BN and dropout must be in inference mode
+    model.eval()  # pitfall M1: BN and dropout must be in inference mode
     dtype = next(model.parameters()).dtype  # fp16 after val.py --half; fp32 weights (the EMA in training) run in autocast
     results, seconds, images = {}, np.zeros(3), 0
     for batch, _, metas in loader:
         synchronize(device)
         t0 = time.perf_counter()
-        x = batch.to(device, non_blocking=True).to(dtype).div_(255)  # seed 001, D3: the model takes 0..1
+        x = batch.to(device, non_blocking=True).to(dtype).div_(255)  # pitfall D3: the model takes 0..1, not 0..255
         synchronize(device)
         t1 = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.float16, enabled=half and device.type == "cuda"):

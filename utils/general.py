@@ -86,7 +86,7 @@ def seed_everything(seed, deterministic=False):
     torch.manual_seed(seed)
     torch.backends.cudnn.benchmark = not deterministic  # the fastest convolution per shape, found once per shape
     if deterministic:
-        # seed 001, M6: floating-point sums depend on the order; pin the algorithms that choose it.
+        # Pitfall M6: floating-point sums depend on the order; pin the algorithms that choose it.
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.deterministic = True
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

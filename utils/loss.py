@@ -69,7 +69,7 @@ class DetectionLoss:
         try:
             assigned = assign_targets(*assignment_inputs, topk=self.topk)
         except torch.OutOfMemoryError:
-            assigned = None  # seed 001, D5: an image with very many boxes (memory grows as boxes x anchors)
+            assigned = None  # pitfall D5: an image with very many boxes (memory grows as boxes x anchors)
         if assigned is None:  # out of the except block, the failed attempt's tensors are released
             if flat.device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -10,7 +10,7 @@ def build_optimizer(model, name, lr, momentum, weight_decay):
     """Three parameter groups: conv/linear weights (with weight decay), BatchNorm weights and all
     biases (without: decaying a BN scale or a bias towards zero only hurts). Frozen parameters
     (requires_grad=False) are left out: with weight decay on, a zero gradient still moves a
-    parameter (seed 001, T4)."""
+    parameter (pitfall T4)."""
     decay, no_decay, biases = [], [], []
     for module in model.modules():
         for pname, p in module.named_parameters(recurse=False):
@@ -26,7 +26,7 @@ def build_optimizer(model, name, lr, momentum, weight_decay):
         opt = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True)
     elif name == "adamw":
         # Optimizer state stays fp32 under AMP (torch keeps it in the parameters' dtype, and the
-        # parameters stay fp32): eps=1e-8 would underflow in fp16 (seed 001, T3).
+        # parameters stay fp32): eps=1e-8 would underflow in fp16 (pitfall T3).
         opt = torch.optim.AdamW(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
     else:
         raise ValueError(f"optimizer must be sgd or adamw, got {name!r}")
