@@ -45,8 +45,12 @@ VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".m4v", ".mpg", ".mpeg", ".wmv
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description="Detect objects in images and videos", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--weights", default="", help=".pt, .onnx or .torchscript (default: newest runs/train/*/weights/best.pt)")
+    parser = argparse.ArgumentParser(
+        description="Detect objects in images and videos", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "--weights", default="", help=".pt, .onnx or .torchscript (default: newest runs/train/*/weights/best.pt)"
+    )
     parser.add_argument("--source", required=True, help="image, folder, glob, .txt list, video, or webcam index")
     parser.add_argument("--imgsz", type=int, nargs="+", default=[0], help="h w, or one size for both; 0 = the model's")
     parser.add_argument("--conf", type=float, default=0.25, help="confidence threshold")
@@ -114,7 +118,10 @@ def save_results(dets, name, shape, out, args, coco):
     if args.save_txt:
         h, w = shape
         xywh = xyxy_to_xywh(dets[:, :4]) / torch.tensor([w, h, w, h])
-        rows = [f"{int(c)} {x:.6f} {y:.6f} {bw:.6f} {bh:.6f} {s:.5f}" for (x, y, bw, bh), s, c in zip(xywh.tolist(), dets[:, 4].tolist(), dets[:, 5].tolist())]
+        rows = [
+            f"{int(c)} {x:.6f} {y:.6f} {bw:.6f} {bh:.6f} {s:.5f}"
+            for (x, y, bw, bh), s, c in zip(xywh.tolist(), dets[:, 4].tolist(), dets[:, 5].tolist())
+        ]
         (out / "labels" / f"{name}.txt").write_text("".join(r + "\n" for r in rows))
     if args.save_json:
         coco += detections_to_coco(dets.tolist(), int(name) if name.isdigit() else name)
@@ -132,7 +139,9 @@ def run_video(model, capture, name, imgsz, out, args, coco, seconds):
             if not ok:
                 break
             if writer is None:  # the size is known only once a frame is read
-                writer = cv2.VideoWriter(str(out / f"{name}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), fps, (frame.shape[1], frame.shape[0]))
+                writer = cv2.VideoWriter(
+                    str(out / f"{name}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), fps, (frame.shape[1], frame.shape[0])
+                )
             dets, times = detect(model, cv2.cvtColor(frame, cv2.COLOR_BGR2RGB), imgsz, args)
             seconds += times
             save_results(dets, f"{name}_{frames}", frame.shape[:2], out, args, coco)
@@ -163,12 +172,18 @@ def main(argv=None):
     imgsz = args.imgsz * 2 if len(args.imgsz) == 1 else args.imgsz[:2]
     imgsz = tuple(s or m for s, m in zip(imgsz, model["imgsz"]))
     if not model["dynamic"] and imgsz != tuple(model["imgsz"]):
-        print(f"note: {weights} was exported for {model['imgsz'][0]}x{model['imgsz'][1]} only (export with --dynamic for other sizes); using that")
+        print(
+            f"note: {weights} was exported for {model['imgsz'][0]}x{model['imgsz'][1]} only "
+            "(export with --dynamic for other sizes); using that"
+        )
         imgsz = tuple(model["imgsz"])
     stride = model["stride"]
     imgsz = tuple(-(-s // stride) * stride for s in imgsz)  # the network needs multiples of its stride
     if model["nms"] and (args.conf < model["nms"]["conf"] or args.iou != model["nms"]["iou"]):
-        print(f"note: NMS is inside {weights} with conf {model['nms']['conf']} and iou {model['nms']['iou']}; --conf can only raise it, --iou is ignored")
+        print(
+            f"note: NMS is inside {weights} with conf {model['nms']['conf']} and iou {model['nms']['iou']}; "
+            "--conf can only raise it, --iou is ignored"
+        )
     sources = list_sources(args.source)
     capture = cv2.VideoCapture(sources) if isinstance(sources, int) else None  # webcam
     if capture is not None and not capture.isOpened():
@@ -208,13 +223,19 @@ def main(argv=None):
         annotated = draw_detections(cv2.cvtColor(img, cv2.COLOR_RGB2BGR), dets.tolist(), model["names"])
         suffix = Path(path).suffix if Path(path).suffix.lower() in WRITABLE_SUFFIXES else ".jpg"
         cv2.imwrite(str(out / (name + suffix)), annotated)
-        tqdm.write(f"{path}: {describe(dets, model['names'])} ({times[0] * 1000:.1f} ms preprocess, {times[1] * 1000:.1f} ms inference, {times[2] * 1000:.1f} ms NMS)")
+        tqdm.write(
+            f"{path}: {describe(dets, model['names'])} ({times[0] * 1000:.1f} ms preprocess, "
+            f"{times[1] * 1000:.1f} ms inference, {times[2] * 1000:.1f} ms NMS)"
+        )
 
     if args.save_json:
         (out / "predictions.json").write_text(json.dumps(coco))
     if images:
         pre, inference, nms = seconds / images * 1000
-        print(f"speed per image: {pre:.1f} ms preprocess, {inference:.1f} ms inference, {nms:.1f} ms NMS at {imgsz[0]}x{imgsz[1]}")
+        print(
+            f"speed per image: {pre:.1f} ms preprocess, {inference:.1f} ms inference, "
+            f"{nms:.1f} ms NMS at {imgsz[0]}x{imgsz[1]}"
+        )
     if skipped:
         print(f"skipped {len(skipped)} unreadable file(s): {', '.join(skipped)}")
     print(f"results in {out}")

@@ -44,15 +44,28 @@ from utils.boxes import non_max_suppression
 from utils.checkpoint import CheckpointError, find_best_checkpoint
 from utils.data import list_images, load_dataset_yaml, read_image
 from utils.distributed import select_device
-from utils.inference import METADATA_FILE, compare_detections, export_metadata, load_exported, median_latency, postprocess, preprocess
+from utils.inference import (
+    METADATA_FILE,
+    compare_detections,
+    export_metadata,
+    load_exported,
+    median_latency,
+    postprocess,
+    preprocess,
+)
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description="Export to ONNX / TorchScript and check against PyTorch", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description="Export to ONNX / TorchScript and check against PyTorch",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--weights", default="", help="checkpoint (default: newest runs/train/*/weights/best.pt)")
     parser.add_argument("--onnx", action="store_true", help="write .onnx (the default when no format is named)")
     parser.add_argument("--torchscript", action="store_true", help="write .torchscript")
-    parser.add_argument("--imgsz", type=int, nargs="+", default=[0], help="h w, or one size for both; 0 = the checkpoint's")
+    parser.add_argument(
+        "--imgsz", type=int, nargs="+", default=[0], help="h w, or one size for both; 0 = the checkpoint's"
+    )
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--dynamic", action="store_true", help="batch, height and width chosen at run time")
     parser.add_argument("--opset", type=int, default=17)
@@ -63,7 +76,11 @@ def parse_args(argv=None):
     parser.add_argument("--max-det", type=int, default=300)
     parser.add_argument("--simplify", action="store_true", help="simplify the ONNX graph (needs onnxslim or onnxsim)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--source", default="", help="image for the check (default: the first val image of the checkpoint's dataset, else a generated one)")
+    parser.add_argument(
+        "--source",
+        default="",
+        help="image for the check (default: the first val image of the checkpoint's dataset, else a generated one)",
+    )
     parser.add_argument("--runs", type=int, default=20, help="timed runs for the median latency")
     return parser.parse_args(argv)
 
@@ -90,7 +107,9 @@ class ModelWithNMS(torch.nn.Module):
         boxes, score, cls, image = boxes.reshape(-1, 4), score.flatten(), cls.flatten().to(boxes.dtype), image.flatten()
         keep = score > self.conf
         boxes, score, cls, image = boxes[keep], score[keep], cls[keep], image[keep]
-        keep = torchvision.ops.nms(boxes + torch.stack((cls, image, cls, image), 1) * span, score, self.iou)  # best first
+        keep = torchvision.ops.nms(
+            boxes + torch.stack((cls, image, cls, image), 1) * span, score, self.iou
+        )  # best first
         boxes, score, cls, image = boxes[keep], score[keep], cls[keep], image[keep]
         # Rank of each kept box among those of its image (they come best first): row in the output.
         same_image = (image[:, None] == images[None, :]).to(boxes.dtype)  # kept boxes x batch
@@ -129,14 +148,26 @@ def export_onnx(module, x, path, args, metadata):
     names_out = ["detections", "count"] if args.nms else ["output"]
     dynamic_axes = None
     if args.dynamic:
-        dynamic_axes = {"images": {0: "batch", 2: "height", 3: "width"}, names_out[0]: {0: "batch"} if args.nms else {0: "batch", 1: "anchors"}}
+        dynamic_axes = {
+            "images": {0: "batch", 2: "height", 3: "width"},
+            names_out[0]: {0: "batch"} if args.nms else {0: "batch", 1: "anchors"},
+        }
         if args.nms:
             dynamic_axes["count"] = {0: "batch"}
     with warnings.catch_warnings():  # the tracer's warnings about shapes are expected and would bury the report
         warnings.simplefilter("ignore")
         # dynamo=False: the TorchScript-based exporter, which needs no onnxscript and turns
         # torchvision.ops.nms into NonMaxSuppression.
-        torch.onnx.export(module, x, str(path), dynamo=False, opset_version=args.opset, input_names=["images"], output_names=names_out, dynamic_axes=dynamic_axes)
+        torch.onnx.export(
+            module,
+            x,
+            str(path),
+            dynamo=False,
+            opset_version=args.opset,
+            input_names=["images"],
+            output_names=names_out,
+            dynamic_axes=dynamic_axes,
+        )
     graph = onnx.load(str(path))
     if args.nms:  # the exporter cannot infer these two sizes through the scatter; they are fixed
         for dim, size in zip(graph.graph.output[0].type.tensor_type.shape.dim[1:], (args.max_det, 6)):
@@ -144,7 +175,12 @@ def export_onnx(module, x, path, args, metadata):
     if args.simplify:
         graph = simplify(graph)
     shape = lambda t: [d.dim_param or d.dim_value for d in t.type.tensor_type.shape.dim]  # noqa: E731
-    metadata.update(input_names=["images"], output_names=names_out, input_shapes=[shape(t) for t in graph.graph.input], output_shapes=[shape(t) for t in graph.graph.output])
+    metadata.update(
+        input_names=["images"],
+        output_names=names_out,
+        input_shapes=[shape(t) for t in graph.graph.input],
+        output_shapes=[shape(t) for t in graph.graph.output],
+    )
     for key, value in export_metadata(**metadata).items():
         graph.metadata_props.add(key=key, value=value)
     onnx.checker.check_model(graph)
@@ -202,9 +238,12 @@ def check(path, model, module, x, args, tolerance, torch_ms):
     # legitimately keep another one (see compare_detections); the raw check covers box values.
     ok = raw_ok and unmatched == 0 and score_difference <= tolerance
     their_ms = median_latency(exported["run"], x, args.runs)
-    print(f"{exported['backend']:>13}: raw output max |diff| {raw_difference}; detections {sum(map(len, detections))} vs PyTorch's "
-          f"{sum(map(len, reference))}, {unmatched} unmatched, max |diff| {box_difference:.2e} px boxes, {score_difference:.2e} scores; "
-          f"median latency {their_ms:.1f} ms vs PyTorch {torch_ms:.1f} ms ({args.runs} runs)")
+    print(
+        f"{exported['backend']:>13}: raw output max |diff| {raw_difference}; "
+        f"detections {sum(map(len, detections))} vs PyTorch's {sum(map(len, reference))}, {unmatched} unmatched, "
+        f"max |diff| {box_difference:.2e} px boxes, {score_difference:.2e} scores; "
+        f"median latency {their_ms:.1f} ms vs PyTorch {torch_ms:.1f} ms ({args.runs} runs)"
+    )
     return ok
 
 
@@ -238,8 +277,15 @@ def main(argv=None):
 
     source, img = check_image(train_args, args.source)
     x = preprocess(img, imgsz)[0].repeat(args.batch, 1, 1, 1).to(device, torch.float16 if args.half else torch.float32)
-    metadata = dict(names=list(model.names), imgsz=imgsz, stride=stride, batch=args.batch, dynamic=args.dynamic, half=args.half,
-                    nms=dict(conf=args.conf, iou=args.iou, max_det=args.max_det) if args.nms else None)
+    metadata = dict(
+        names=list(model.names),
+        imgsz=imgsz,
+        stride=stride,
+        batch=args.batch,
+        dynamic=args.dynamic,
+        half=args.half,
+        nms=dict(conf=args.conf, iou=args.iou, max_det=args.max_det) if args.nms else None,
+    )
     written = []
     if args.onnx:
         written.append(Path(weights).with_suffix(".onnx"))
@@ -256,7 +302,10 @@ def main(argv=None):
         torch_ms = median_latency(module, x, args.runs)
     bad = [path for path in written if not check(path, model, module, x, args, tolerance, torch_ms)]
     if bad:
-        sys.exit(f"error: {', '.join(map(str, bad))} and PyTorch disagree beyond tolerance {tolerance} (relative, see above); the file is written but should not be trusted")
+        sys.exit(
+            f"error: {', '.join(map(str, bad))} and PyTorch disagree beyond tolerance {tolerance} "
+            "(relative, see above); the file is written but should not be trusted"
+        )
 
 
 if __name__ == "__main__":

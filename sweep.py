@@ -52,6 +52,7 @@ failed, 2 for a mistake in the spec, 130 after Ctrl+C.
 differ across them, then the last row of any results.csv and the numbers of any
 metrics.json in the folder (tab-separated; --sort METRIC, --csv FILE).
 """
+
 import argparse
 import asyncio
 import csv
@@ -85,6 +86,7 @@ class SpecError(Exception):
 
 # ---------------------------------------------------------------- the spec
 
+
 def load_spec(path):
     try:
         with open(path) as f:
@@ -105,14 +107,16 @@ def load_spec(path):
     if not isinstance(default, dict):
         raise SpecError("the spec needs 'default': a mapping from every parameter to its baseline value")
     if not isinstance(alias, dict) or not all(
-            isinstance(values, dict) and all(isinstance(m, dict) for m in values.values())
-            for values in alias.values()):
+        isinstance(values, dict) and all(isinstance(m, dict) for m in values.values()) for values in alias.values()
+    ):
         raise SpecError("'alias' must map a parameter to {value: {parameter: value, ...}, ...}")
     for name, command in template.items():
         for key in placeholders(command):
             if key not in default and key not in BUILTINS:
-                raise SpecError(f"placeholder '{key}' in template command '{name}' is neither a parameter "
-                                f"in 'default' nor a built-in ({', '.join(BUILTINS)})")
+                raise SpecError(
+                    f"placeholder '{key}' in template command '{name}' is neither a parameter "
+                    f"in 'default' nor a built-in ({', '.join(BUILTINS)})"
+                )
     for i, grid in enumerate(grids, 1):
         if not isinstance(grid, dict):
             raise SpecError(f"grid document {i} must be a mapping of parameter: [values]")
@@ -148,9 +152,12 @@ def parse_resources(entries):
     for entry in entries:
         text = str(entry).replace(" ", "").lower()
         # bool is an int to Python, but "true" is no GPU id
-        if isinstance(entry, bool) or not isinstance(entry, (int, str)) or not (
-                text == "cpu" or re.fullmatch(r"\d+(,\d+)*", text)):
-            raise SpecError(f"resource {entry!r} is neither a GPU id (0), GPU ids (\"0,1\") nor cpu")
+        if (
+            isinstance(entry, bool)
+            or not isinstance(entry, (int, str))
+            or not (text == "cpu" or re.fullmatch(r"\d+(,\d+)*", text))
+        ):
+            raise SpecError(f'resource {entry!r} is neither a GPU id (0), GPU ids ("0,1") nor cpu')
         workers.append(text)
     return workers
 
@@ -165,6 +172,7 @@ def select_titles(grids, titles):
 
 
 # ---------------------------------------------------------------- experiments
+
 
 def expand(spec, grids, only_commands):
     """Every experiment of the grids, once each, as dicts with name, params and commands."""
@@ -185,8 +193,10 @@ def expand(spec, grids, only_commands):
             name = folder_name([(k, chosen[k]) for k in keys if k not in implied or chosen[k] != implied[k]])
             canon = json.dumps(params, sort_keys=True, default=str)
             if by_name.get(name, {"canon": canon})["canon"] != canon:
-                raise SpecError(f"two different experiments would share the folder '{name}'; "
-                                "set the parameter that tells them apart in the grid")
+                raise SpecError(
+                    f"two different experiments would share the folder '{name}'; "
+                    "set the parameter that tells them apart in the grid"
+                )
             exp = by_params.get(canon)  # the same experiment from another grid runs once
             if exp is None:
                 exp = {"name": name, "params": params, "canon": canon, "commands": []}
@@ -225,6 +235,7 @@ def render(command, params):
         if value is None or value is False:
             return ""
         return f"--{key}" if value is True else f"--{key} {quote(value)}"
+
     return PLACEHOLDER.sub(replace, command)
 
 
@@ -242,7 +253,9 @@ def read_json(path, default=None):
 
 
 def write_json(path, data):
-    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")  # readers (sweep.py table, a rerun) never see half a file
+    write_text_atomic(
+        path, json.dumps(data, indent=2, default=str) + "\n"
+    )  # readers (sweep.py table, a rerun) never see half a file
 
 
 def still_to_run(exp, force):
@@ -263,6 +276,7 @@ def still_to_run(exp, force):
 
 
 # ---------------------------------------------------------------- running
+
 
 async def kill_group(pgid):
     """SIGTERM a command's whole process group, SIGKILL whatever outlives the grace period."""
@@ -289,8 +303,15 @@ async def run_command(exp, command, gpus, env, stop):
     builtins = {"_output": str(folder), "_name": folder.name, "_gpus": gpus}
     line = render(exp["template"][command], {**exp["params"], **builtins})
     log_path = folder / f"log.{command}.{time.strftime('%Y%m%d-%H%M%S')}"
-    stat[command] = {"status": "running", "returncode": None, "start": time.strftime(TIME), "end": None,
-                     "gpus": gpus, "log": log_path.name, "command": line}
+    stat[command] = {
+        "status": "running",
+        "returncode": None,
+        "start": time.strftime(TIME),
+        "end": None,
+        "gpus": gpus,
+        "log": log_path.name,
+        "command": line,
+    }
     write_json(folder / "stat", stat)
     exp["log"] = log_path
     with open(log_path, "ab") as log:
@@ -299,7 +320,8 @@ async def run_command(exp, command, gpus, env, stop):
         # A session of its own keeps the terminal's Ctrl+C away from the command
         # and lets us stop it together with every process it started.
         proc = await asyncio.create_subprocess_shell(
-            line, stdout=log, stderr=asyncio.subprocess.STDOUT, env=env, start_new_session=True)
+            line, stdout=log, stderr=asyncio.subprocess.STDOUT, env=env, start_new_session=True
+        )
     exited, stopping = asyncio.ensure_future(proc.wait()), asyncio.ensure_future(stop.wait())
     await asyncio.wait([exited, stopping], return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()
@@ -317,9 +339,11 @@ async def run_command(exp, command, gpus, env, stop):
 def report(word, gpus, command, exp, counts, note=""):
     left = counts["total"] - counts["done"] - counts["failed"] - counts["running"]
     where = "cpu" if gpus == "cpu" else f"gpu {gpus}"
-    print(f"{word:<5} {where}: {command} {exp['index']}/{counts['total']} {exp['dir']}{note}  "
-          f"[done {counts['done']}, failed {counts['failed']}, running {counts['running']}, left {left}]",
-          flush=True)
+    print(
+        f"{word:<5} {where}: {command} {exp['index']}/{counts['total']} {exp['dir']}{note}  "
+        f"[done {counts['done']}, failed {counts['failed']}, running {counts['running']}, left {left}]",
+        flush=True,
+    )
 
 
 async def worker(gpus, queue, stop, counts):
@@ -358,13 +382,17 @@ async def run_all(queue, workers):
 
     def on_signal(signum):
         if not caught:
-            print(f"\n{signal.Signals(signum).name}: stopping every command "
-                  f"(SIGKILL after {GRACE:g}s)", file=sys.stderr, flush=True)
+            print(
+                f"\n{signal.Signals(signum).name}: stopping every command (SIGKILL after {GRACE:g}s)",
+                file=sys.stderr,
+                flush=True,
+            )
         caught.append(signum)
         stop.set()
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
+
     async def guarded(gpus):
         try:
             await worker(gpus, queue, stop, counts)
@@ -373,8 +401,9 @@ async def run_all(queue, workers):
             raise
 
     counts = {"total": len(queue), "done": 0, "failed": 0, "running": 0, "interrupted": 0, "failures": []}
-    results = await asyncio.gather(*(guarded(gpus) for gpus in workers),
-                                   return_exceptions=True)  # let every worker clean up first
+    results = await asyncio.gather(
+        *(guarded(gpus) for gpus in workers), return_exceptions=True
+    )  # let every worker clean up first
     for result in results:
         if isinstance(result, BaseException):
             raise result
@@ -383,11 +412,14 @@ async def run_all(queue, workers):
 
 def sweep(argv):
     parser = argparse.ArgumentParser(
-        prog="sweep.py", usage="%(prog)s SPEC.yaml [options]  |  %(prog)s table OUT [--sort M] [--csv F]",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="sweep.py",
+        usage="%(prog)s SPEC.yaml [options]  |  %(prog)s table OUT [--sort M] [--csv F]",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("spec", help="the YAML spec")
     parser.add_argument("-t", "--title", nargs="+", help="run only the grids with these _title")
-    parser.add_argument("-r", "--resource", nargs="+", help="workers instead of the spec's: 0 1, \"0,1\", cpu")
+    parser.add_argument("-r", "--resource", nargs="+", help='workers instead of the spec\'s: 0 1, "0,1", cpu')
     parser.add_argument("-c", "--cmd", nargs="+", help="run only these template commands")
     parser.add_argument("--force", action="store_true", help="run again what already succeeded")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -401,8 +433,7 @@ def sweep(argv):
     used = {k for command in spec["template"].values() for k in placeholders(command)}
     orphans = sorted({str(k) for g in grids for k in g if not str(k).startswith("_") and k not in used})
     if orphans:
-        print(f"Orphan params: {', '.join(orphans)} (no command uses them; they only name folders)",
-              file=sys.stderr)
+        print(f"Orphan params: {', '.join(orphans)} (no command uses them; they only name folders)", file=sys.stderr)
 
     out = Path(str(spec.get("output") or "runs/sweep"))
     queue = deque()
@@ -424,12 +455,17 @@ def sweep(argv):
         print(f"{len(queue)} experiments to run, {skipped} already done, {len(workers)} workers")
         return 0
 
-    print(f"{len(queue)} experiments to run, {skipped} already done, {len(workers)} workers: "
-          f"{' '.join(workers)}", flush=True)
+    print(
+        f"{len(queue)} experiments to run, {skipped} already done, {len(workers)} workers: {' '.join(workers)}",
+        flush=True,
+    )
     counts, caught = asyncio.run(run_all(queue, workers))
-    print(f"sweep: {counts['done']} done, {counts['failed']} failed, {counts['interrupted']} interrupted, "
-          f"{counts['total'] - counts['done'] - counts['failed'] - counts['interrupted']} not started, "
-          f"{skipped} already done", flush=True)
+    print(
+        f"sweep: {counts['done']} done, {counts['failed']} failed, {counts['interrupted']} interrupted, "
+        f"{counts['total'] - counts['done'] - counts['failed'] - counts['interrupted']} not started, "
+        f"{skipped} already done",
+        flush=True,
+    )
     for line in counts["failures"]:
         print(f"FAIL  {line}")
     if caught:
@@ -438,6 +474,7 @@ def sweep(argv):
 
 
 # ---------------------------------------------------------------- the table
+
 
 def last_row(path):
     with open(path, newline="") as f:
@@ -472,9 +509,13 @@ def cell(value):
 
 
 def table(argv):
-    parser = argparse.ArgumentParser(prog="sweep.py table", description=(
-        "One row per experiment folder of OUT: the parameters that differ across them, then the "
-        "last row of any results.csv and the numbers of any metrics.json found in the folder."))
+    parser = argparse.ArgumentParser(
+        prog="sweep.py table",
+        description=(
+            "One row per experiment folder of OUT: the parameters that differ across them, then the "
+            "last row of any results.csv and the numbers of any metrics.json found in the folder."
+        ),
+    )
     parser.add_argument("out", help="the sweep's output folder")
     parser.add_argument("--sort", metavar="METRIC", help="sort by this metric, best (largest) first")
     parser.add_argument("--csv", metavar="FILE", help="also write the table to FILE as CSV")
@@ -490,26 +531,34 @@ def table(argv):
             metrics.update(last_row(path))
         for path in sorted(folder.rglob("metrics.json")):  # val.py's numbers beat train's last epoch
             data = read_json(path, {})
-            metrics.update({k: v for k, v in data.items() if isinstance(v, (int, float))}
-                           if isinstance(data, dict) else {})
+            metrics.update(
+                {k: v for k, v in data.items() if isinstance(v, (int, float))} if isinstance(data, dict) else {}
+            )
         found.append((folder.name, experiment_status(folder), params, metrics))
     if not found:
         raise SpecError(f"no experiment folders (folders with a 'param' file) in {args.out}")
 
     def columns(dicts):
         return list(dict.fromkeys(k for d in dicts for k in d))
-    varying = [k for k in columns(f[2] for f in found)
-               if len({json.dumps(f[2].get(k), sort_keys=True, default=str) for f in found}) > 1]
+
+    varying = [
+        k
+        for k in columns(f[2] for f in found)
+        if len({json.dumps(f[2].get(k), sort_keys=True, default=str) for f in found}) > 1
+    ]
     metric_names = columns(f[3] for f in found)
     if args.sort:
         if args.sort not in metric_names:
             raise SpecError(f"no metric named '{args.sort}' in {args.out} (found: {', '.join(metric_names)})")
-        found.sort(key=lambda f: (0, -f[3][args.sort]) if isinstance(f[3].get(args.sort), (int, float))
-                   else (1, 0))  # no value: last
+        found.sort(
+            key=lambda f: (0, -f[3][args.sort]) if isinstance(f[3].get(args.sort), (int, float)) else (1, 0)
+        )  # no value: last
 
     rows = [["name", "status", *varying, *metric_names]]
-    rows += [[name, status, *(cell(params.get(k)) for k in varying), *(cell(metrics.get(m)) for m in metric_names)]
-             for name, status, params, metrics in found]
+    rows += [
+        [name, status, *(cell(params.get(k)) for k in varying), *(cell(metrics.get(m)) for m in metric_names)]
+        for name, status, params, metrics in found
+    ]
     for row in rows:
         print("\t".join(row))
     if args.csv:

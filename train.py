@@ -26,16 +26,44 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from models.yolo import YOLO, count_gflops, count_parameters
-from utils.checkpoint import FORMAT, CheckpointError, find_last_checkpoint, load_checkpoint, rng_states, save_checkpoint, set_rng_states
 from utils.autobatch import auto_batch_size
-from utils.data import DatasetError, EpochBatchSampler, TrainDataset, ValDataset, fix_cv2_and_file_limits, load_dataset_yaml, load_verified, make_loader, multi_scale_size, single_class
+from utils.checkpoint import (
+    FORMAT,
+    CheckpointError,
+    find_last_checkpoint,
+    load_checkpoint,
+    rng_states,
+    save_checkpoint,
+    set_rng_states,
+)
+from utils.data import (
+    DatasetError,
+    EpochBatchSampler,
+    TrainDataset,
+    ValDataset,
+    fix_cv2_and_file_limits,
+    load_dataset_yaml,
+    load_verified,
+    make_loader,
+    multi_scale_size,
+    single_class,
+)
 from utils.distributed import any_rank, barrier, realign_ddp, setup_distributed
 from utils.ema import ModelEMA, unwrap
 from utils.evaluate import evaluate, format_table
 from utils.general import abort_run, explicit_flags, install_crash_handler, next_run_dir, seed_everything, setup_logging
 from utils.loss import DetectionLoss
 from utils.optim import build_optimizer, optimizer_step, set_learning_rate
-from utils.plots import in_background, plot_batch, plot_confidence_curves, plot_confusion_matrix, plot_labels, plot_pr_curve, plot_results, plot_val_batch
+from utils.plots import (
+    in_background,
+    plot_batch,
+    plot_confidence_curves,
+    plot_confusion_matrix,
+    plot_labels,
+    plot_pr_curve,
+    plot_results,
+    plot_val_batch,
+)
 
 # -----------------------------------------------------------------------------------------------
 # Hyperparameters (each is also a flag: --lr0 0.02, --close-mosaic 5, ...)
@@ -75,35 +103,65 @@ MAX_OOM_STEPS = 3  # optimizer steps in a row lost to out-of-memory before the r
 # -----------------------------------------------------------------------------------------------
 # Command line
 # allow_abbrev=False: "--epo 3" must not slip past explicit_flags and be overridden by the dataset's defaults
-parser = argparse.ArgumentParser(description="Train a YOLO detector", formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+parser = argparse.ArgumentParser(
+    description="Train a YOLO detector", formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False
+)
 parser.add_argument("--data", default="data/shapes.yaml", help="dataset yaml")
 parser.add_argument("--model", default="n", help="n, s, m, l, x, or a .pt to start from (its scale and weights)")
 parser.add_argument("--weights", default="", help="initialise from this checkpoint (layers that match)")
 parser.add_argument("--epochs", type=int, default=100)
-parser.add_argument("--batch", type=int, default=16, help="total batch size over all GPUs; -1: from the free GPU memory (one GPU)")
+parser.add_argument(
+    "--batch", type=int, default=16, help="total batch size over all GPUs; -1: from the free GPU memory (one GPU)"
+)
 parser.add_argument("--imgsz", type=int, default=640, help="training image size")
-parser.add_argument("--device", default="", help="cpu, 0, or under torchrun 0,1,2,3 (one GPU per process; default: GPU LOCAL_RANK)")
-parser.add_argument("--workers", type=int, default=None, help="data-loader processes per rank (default: the CPU cores per rank, at most 8)")
+parser.add_argument(
+    "--device", default="", help="cpu, 0, or under torchrun 0,1,2,3 (one GPU per process; default: GPU LOCAL_RANK)"
+)
+parser.add_argument(
+    "--workers",
+    type=int,
+    default=None,
+    help="data-loader processes per rank (default: the CPU cores per rank, at most 8)",
+)
 parser.add_argument("--out", default="", help="run folder (default runs/train/exp, exp2, ...)")
 parser.add_argument("--resume", nargs="?", const=True, default=False, help="resume from last.pt (newest if no path)")
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--deterministic", action="store_true", help="deterministic algorithms (exact resume on CPU)")
 parser.add_argument("--subset", type=int, default=0, help="use only the first N train and val images (debugging)")
-parser.add_argument("--fraction", type=float, default=1.0, help="train on this fraction of the training images (the first ones)")
+parser.add_argument(
+    "--fraction", type=float, default=1.0, help="train on this fraction of the training images (the first ones)"
+)
 parser.add_argument("--single-cls", action="store_true", help="train every class as one class, 'object'")
-parser.add_argument("--patience", type=int, default=100, help="stop when mAP50-95 has not improved for N epochs (0: never)")
-parser.add_argument("--cache", nargs="?", const="ram", default="", choices=["", "ram"], help="keep decoded images in RAM")
+parser.add_argument(
+    "--patience", type=int, default=100, help="stop when mAP50-95 has not improved for N epochs (0: never)"
+)
+parser.add_argument(
+    "--cache", nargs="?", const="ram", default="", choices=["", "ram"], help="keep decoded images in RAM"
+)
 parser.add_argument("--multi-scale", action="store_true", help="vary the image size +/-50%% per iteration")
 parser.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across GPUs (DDP)")
-parser.add_argument("--accumulate", type=int, default=0, help="micro-batches per optimizer step; 0 = reach nominal_batch")
-parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None, help="mixed precision (default: on for CUDA)")
-parser.add_argument("--amp-dtype", default="auto", choices=["auto", "bf16", "fp16"], help="auto: bf16 on CPUs and GPUs of compute capability 8.0+, else fp16 with loss scaling")
-parser.add_argument("--freeze", default="", help="comma-separated parameter-name prefixes to freeze, e.g. stem,down2,stage2")
+parser.add_argument(
+    "--accumulate", type=int, default=0, help="micro-batches per optimizer step; 0 = reach nominal_batch"
+)
+parser.add_argument(
+    "--amp", action=argparse.BooleanOptionalAction, default=None, help="mixed precision (default: on for CUDA)"
+)
+parser.add_argument(
+    "--amp-dtype",
+    default="auto",
+    choices=["auto", "bf16", "fp16"],
+    help="auto: bf16 on CPUs and GPUs of compute capability 8.0+, else fp16 with loss scaling",
+)
+parser.add_argument(
+    "--freeze", default="", help="comma-separated parameter-name prefixes to freeze, e.g. stem,down2,stage2"
+)
 parser.add_argument("--save-every", type=int, default=0, help="also save last.pt every N iterations")
 parser.add_argument("--val-every", type=int, default=1, help="validate every N epochs (and after the last)")
 parser.add_argument("--benchmark", type=int, default=0, help="train N iterations, print images/s, exit")
 parser.add_argument("--profile", action="store_true", help="write a torch profiler trace of a few steps")
-parser.add_argument("--checkpoint-activations", action="store_true", help="recompute activations in backward to save memory")
+parser.add_argument(
+    "--checkpoint-activations", action="store_true", help="recompute activations in backward to save memory"
+)
 for key, value in HYP.items():
     names = [f"--{key}"] + ([f"--{key.replace('_', '-')}"] if "_" in key else [])
     parser.add_argument(*names, dest=key, type=type(value), default=value, help="hyperparameter")
@@ -126,7 +184,11 @@ if args.resume:
         sys.exit(f"--resume: {path} holds no training state (best.pt has none); resume from last.pt")
     # The run continues with the arguments it was started with; only where and how it runs may change
     # (another machine: its devices, its cores, the AMP its GPU supports).
-    where = {k: getattr(args, k) for k in ("device", "workers", "amp", "amp_dtype") if k in given_flags or k in ("device", "workers")}
+    where = {
+        k: getattr(args, k)
+        for k in ("device", "workers", "amp", "amp_dtype")
+        if k in given_flags or k in ("device", "workers")
+    }
     args = argparse.Namespace(**{**vars(parser.parse_args([])), **checkpoint["args"], **where, "resume": str(path)})
     args.out = str(Path(path).parents[1])
 
@@ -193,30 +255,42 @@ if init_from and checkpoint is None:
     log.info(f"initialised {len(matching)}/{len(own)} tensors from {init_from}")
 for name, p in model.named_parameters():
     p.requires_grad_(not any(name.startswith(prefix) for prefix in args.freeze.split(",") if prefix))
-# channels_last: the layout oneDNN (CPU) and cuDNN tensor cores (AMP) run convolutions fastest in (~12% per step on a 2-core CPU)
+# channels_last: the layout oneDNN (CPU) and cuDNN tensor cores (AMP) run convolutions fastest in
+# (~12% per step on a 2-core CPU)
 model.to(device, memory_format=torch.channels_last)
 if args.sync_bn and world_size > 1 and device.type == "cpu":
     log.warning("--sync-bn: torch's SyncBatchNorm has no CPU kernel; each process keeps its own BN statistics")
 elif args.sync_bn and world_size > 1:
-    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # pitfall M3: torch's own, current SyncBN (older ones had bugs)
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(
+        model
+    )  # pitfall M3: torch's own, current SyncBN (older ones had bugs)
 ema = ModelEMA(model, args.ema_decay, args.ema_tau)
 
 use_amp = args.amp if args.amp is not None else device.type == "cuda"
 # bf16 where the hardware computes in it: CPUs and GPUs of compute capability 8.0+ (on older GPUs
 # torch.cuda.is_bf16_supported() is true too, emulated and slow). Elsewhere fp16, which needs loss scaling.
 native_bf16 = device.type == "cpu" or (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0))
-amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "auto": torch.bfloat16 if native_bf16 else torch.float16}[args.amp_dtype]
+amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "auto": torch.bfloat16 if native_bf16 else torch.float16}[
+    args.amp_dtype
+]
 
 if args.batch == -1 and world_size > 1:
-    sys.exit("--batch -1 measures one GPU; under torchrun give the total --batch (e.g. the single-GPU figure times the GPUs)")
+    sys.exit(
+        "--batch -1 measures one GPU; under torchrun give the total --batch (e.g. the single-GPU figure times the GPUs)"
+    )
 if args.batch == -1 and device.type != "cuda":
-    log.warning(f"--batch -1 measures free GPU memory and needs a CUDA device; using --batch {parser.get_default('batch')}")
+    log.warning(
+        f"--batch -1 measures free GPU memory and needs a CUDA device; using --batch {parser.get_default('batch')}"
+    )
     args.batch = parser.get_default("batch")
 elif args.batch == -1:
     args.batch = auto_batch_size(model, args.imgsz, device, amp_dtype if use_amp else None)
     log.info(f"--batch -1: batch {args.batch} uses about 60% of {device}'s free memory")
 if args.batch < 1 or args.batch % world_size:
-    sys.exit(f"--batch {args.batch} must be positive and divisible by the number of processes ({world_size}), or -1 (from free GPU memory)")
+    sys.exit(
+        f"--batch {args.batch} must be positive and divisible by the number of processes ({world_size}), "
+        "or -1 (from free GPU memory)"
+    )
 batch = args.batch // world_size  # --batch is the total over all GPUs
 accumulate = args.accumulate or max(round(args.nominal_batch / args.batch), 1)
 
@@ -231,7 +305,8 @@ hyp = {k: getattr(args, k) for k in HYP}
 if is_main:  # every setting as this run resolved it: flags, dataset defaults, optimizer choice
     (run_dir / "args.yaml").write_text(yaml.safe_dump(vars(args), sort_keys=False))
 
-# The loss scale goes into the checkpoint (pitfall T1: else a resumed run searches the scale again); bf16 has fp32's range and needs no scaling.
+# The loss scale goes into the checkpoint (pitfall T1: else a resumed run searches the scale again);
+# bf16 has fp32's range and needs no scaling.
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
 loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl)
 
@@ -243,29 +318,48 @@ if checkpoint is not None:
     optimizer.load_state_dict(checkpoint["optimizer"])
     if checkpoint["scaler"]:  # empty when saved without fp16: a run resumed in fp16 then starts a new loss scale
         scaler.load_state_dict(checkpoint["scaler"])
-    start_epoch, start_iteration, best_fitness = checkpoint["epoch"], checkpoint["iteration"], checkpoint["best_fitness"]
+    start_epoch, start_iteration, best_fitness = (
+        checkpoint["epoch"],
+        checkpoint["iteration"],
+        checkpoint["best_fitness"],
+    )
     best_epoch = checkpoint.get("best_epoch", start_epoch)  # --patience counts from here
     set_rng_states(checkpoint["rng"])
     log.info(f"resuming {args.resume} at epoch {start_epoch}, iteration {start_iteration}")
 if world_size > 1:
     # pitfall M2: keep each rank's BN statistics (no broadcast from rank 0 every forward);
     # validation and best.pt use the EMA, one consistent model.
-    model = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None, broadcast_buffers=False)
+    model = DistributedDataParallel(
+        model, device_ids=[local_rank] if device.type == "cuda" else None, broadcast_buffers=False
+    )
 
-train_set = TrainDataset(train_records, args.imgsz, hyp, args.seed, mosaic_epochs=args.epochs - args.close_mosaic, cache_ram=args.cache == "ram")
+train_set = TrainDataset(
+    train_records,
+    args.imgsz,
+    hyp,
+    args.seed,
+    mosaic_epochs=args.epochs - args.close_mosaic,
+    cache_ram=args.cache == "ram",
+)
 sampler = EpochBatchSampler(len(train_set), batch, args.seed, rank, world_size, start_epoch, start_iteration)
-train_loader = make_loader(train_set, sampler, workers=args.workers, pin_memory=device.type == "cuda")  # pinned: async copies
+train_loader = make_loader(
+    train_set, sampler, workers=args.workers, pin_memory=device.type == "cuda"
+)  # pinned: async copies
 batches = iter(train_loader)  # one iterator for the whole run: workers live as long as the run
 if is_main:
     val_set = ValDataset(val_records, args.imgsz, batch * 2, cache_ram=args.cache == "ram")
     val_loader = make_loader(val_set, batch_size=batch * 2, workers=args.workers, pin_memory=device.type == "cuda")
 nb = len(sampler)
-if is_main and checkpoint is None:  # look before training: shifted, swapped or mislabelled boxes show here (drawn in a thread)
+if (
+    is_main and checkpoint is None
+):  # look before training: shifted, swapped or mislabelled boxes show here (drawn in a thread)
     in_background(plot_labels, train_records, names, run_dir / "labels.jpg")
 warmup_iterations = max(round(args.warmup_epochs * nb), 100) if args.warmup_epochs > 0 else 0
 log.info(
-    f"model {scale}: {count_parameters(unwrap(model)) / 1e6:.2f} M parameters, {count_gflops(unwrap(model), 640):.1f} GFLOPs at 640 | "
-    f"{len(train_records)} train / {len(val_records)} val images, {nc} classes | {args.epochs} epochs at {args.imgsz} px, "
+    f"model {scale}: {count_parameters(unwrap(model)) / 1e6:.2f} M parameters, "
+    f"{count_gflops(unwrap(model), 640):.1f} GFLOPs at 640 | "
+    f"{len(train_records)} train / {len(val_records)} val images, {nc} classes | "
+    f"{args.epochs} epochs at {args.imgsz} px, "
     f"batch {args.batch} x accumulate {accumulate} | {args.optimizer} lr0 {args.lr0} | {device}"
     + (f" x {world_size} processes" if world_size > 1 else "")
     + (f" | amp {str(amp_dtype).split('.')[-1]}" if use_amp else "")
@@ -300,12 +394,28 @@ def request_stop(signum, frame):
 signal.signal(signal.SIGTERM, request_stop)
 signal.signal(signal.SIGINT, request_stop)
 results_csv = run_dir / "results.csv"
-columns = ["epoch", "box_loss", "cls_loss", "dfl_loss", "precision", "recall", "mAP50", "mAP50-95", "lr", "seconds", "assign_on_cpu", "oom_skipped_steps", "nonfinite_skipped_steps"]
+columns = [
+    "epoch",
+    "box_loss",
+    "cls_loss",
+    "dfl_loss",
+    "precision",
+    "recall",
+    "mAP50",
+    "mAP50-95",
+    "lr",
+    "seconds",
+    "assign_on_cpu",
+    "oom_skipped_steps",
+    "nonfinite_skipped_steps",
+]
 if is_main and (checkpoint is None or not results_csv.exists()):
     results_csv.write_text(",".join(columns) + "\n")
 elif is_main:  # a killed run may have written rows past its last save: drop them, they are redone
     rows = [r for r in csv.DictReader(results_csv.open()) if int(r["epoch"]) <= start_epoch]
-    results_csv.write_text(",".join(columns) + "\n" + "".join(",".join(r.get(c) or "0" for c in columns) + "\n" for r in rows))
+    results_csv.write_text(
+        ",".join(columns) + "\n" + "".join(",".join(r.get(c) or "0" for c in columns) + "\n" for r in rows)
+    )
 try:
     from torch.utils.tensorboard import SummaryWriter  # optional: scalars when tensorboard is installed
 
@@ -315,7 +425,9 @@ except ImportError:
 profiler = None
 if args.profile and is_main:
     profiler = torch.profiler.profile(
-        schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),  # once: repeat=0 would rewrite the trace every 5 steps
+        schedule=torch.profiler.schedule(
+            wait=1, warmup=1, active=3, repeat=1
+        ),  # once: repeat=0 would rewrite the trace every 5 steps
         on_trace_ready=lambda p: p.export_chrome_trace(str(run_dir / "profile_trace.json")),
         record_shapes=True,
     )
@@ -335,15 +447,26 @@ for epoch in range(start_epoch, args.epochs):
     lr = optimizer.param_groups[-1]["lr"]  # (a run resumed at the very end of an epoch trains no step in it)
     if epoch == args.epochs - args.close_mosaic and is_main and hyp["mosaic"] > 0:
         log.info(f"epoch {epoch + 1}: mosaic off for the last {args.close_mosaic} epochs")
-    progress = tqdm(range(first, nb), desc=f"{epoch + 1}/{args.epochs}", disable=not is_main, dynamic_ncols=True, initial=first, total=nb)
+    progress = tqdm(
+        range(first, nb),
+        desc=f"{epoch + 1}/{args.epochs}",
+        disable=not is_main,
+        dynamic_ncols=True,
+        initial=first,
+        total=nb,
+    )
     for i in progress:
         images, targets = next(batches)
         iteration = epoch * nb + i
         crash_context.update(epoch=epoch, iteration=i, batch={"images": images, "targets": targets})
         lr = set_learning_rate(optimizer, iteration, epoch, hyp, args.epochs, warmup_iterations)
-        if is_main and iteration < 3 and not args.benchmark:  # the augmented batches as the model sees them, boxes and names drawn
+        if (
+            is_main and iteration < 3 and not args.benchmark
+        ):  # the augmented batches as the model sees them, boxes and names drawn
             in_background(plot_batch, images.clone(), targets.clone(), names, run_dir / f"train_batch{iteration}.jpg")
-        images = images.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=torch.channels_last)  # pitfall D3: uint8 RGB -> 0..1, last
+        images = (
+            images.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=torch.channels_last)
+        )  # pitfall D3: uint8 RGB -> 0..1, last
         targets = targets.to(device)
         if args.multi_scale:  # a multiple of 32, and a pure function of (seed, iteration): all ranks agree (pitfall M4)
             size = multi_scale_size(args.imgsz, args.seed, iteration)
@@ -372,7 +495,9 @@ for epoch in range(start_epoch, args.epochs):
                 window_sums += parts
                 window_batches += 1
             except torch.OutOfMemoryError:
-                if world_size > 1 and last_micro_step:  # the other ranks are inside this backward's all-reduce: no way back
+                if (
+                    world_size > 1 and last_micro_step
+                ):  # the other ranks are inside this backward's all-reduce: no way back
                     raise
                 window_dropped = True
         maps = loss = None  # out of the except blocks: a failed step's graph is really released here
@@ -388,14 +513,17 @@ for epoch in range(start_epoch, args.epochs):
                 optimizer.zero_grad(set_to_none=True)  # half-accumulated gradients are not a step
                 counts["oom_skipped_steps"] += 1
                 oom_in_a_row += 1
-                log.warning(f"out of memory at epoch {epoch + 1} iteration {i}: optimizer step skipped ({oom_in_a_row} in a row)")
+                log.warning(f"out of memory at epoch {epoch + 1} iteration {i}: step skipped ({oom_in_a_row} in a row)")
                 if oom_in_a_row >= MAX_OOM_STEPS:
                     smaller = max(args.batch // 2 // world_size * world_size, world_size)
-                    abort_run(
-                        run_dir, f"stopping: out of memory in {oom_in_a_row} optimizer steps in a row: --batch {args.batch} ({batch} per process) "
-                        f"does not fit at {images.shape[-1]} px; try --batch {smaller}" + ("" if args.checkpoint_activations else " or --checkpoint-activations"),
-                        crash_context, is_main,
-                    )  # fmt: skip
+                    advice = f"try --batch {smaller}" + (
+                        "" if args.checkpoint_activations else " or --checkpoint-activations"
+                    )
+                    message = (
+                        f"stopping: out of memory in {oom_in_a_row} optimizer steps in a row: --batch {args.batch} "
+                        f"({batch} per process) does not fit at {images.shape[-1]} px; {advice}"
+                    )
+                    abort_run(run_dir, message, crash_context, is_main)
             elif optimizer_step(model, optimizer, scaler, args.clip_grad):
                 ema.update(model)
                 sums += window_sums
@@ -405,10 +533,19 @@ for epoch in range(start_epoch, args.epochs):
                 counts["nonfinite_skipped_steps"] += 1
                 nonfinite_in_a_row, oom_in_a_row = nonfinite_in_a_row + 1, 0
                 note = f"; fp16 loss scale now {scaler.get_scale():g}" if scaler.is_enabled() else ""
-                log.warning(f"NaN/Inf gradients at epoch {epoch + 1} iteration {i}: optimizer step skipped ({nonfinite_in_a_row} in a row{note})")
-                # fp16: the loss scale starts at 2^16 and halves on each overflow; up to 16 such steps are its search, not a fault.
+                log.warning(
+                    f"NaN/Inf gradients at epoch {epoch + 1} iteration {i}: optimizer step skipped "
+                    f"({nonfinite_in_a_row} in a row{note})"
+                )
+                # fp16: the loss scale starts at 2^16 and halves on each overflow; up to 16 such steps are
+                # its search, not a fault.
                 if nonfinite_in_a_row >= MAX_NONFINITE_STEPS + (16 if scaler.is_enabled() else 0):
-                    abort_run(run_dir, f"stopping: {nonfinite_in_a_row} optimizer steps in a row with NaN/Inf gradients", crash_context, is_main)
+                    abort_run(
+                        run_dir,
+                        f"stopping: {nonfinite_in_a_row} optimizer steps in a row with NaN/Inf gradients",
+                        crash_context,
+                        is_main,
+                    )
             window_sums.zero_()
             window_batches, window_dropped = 0, False
             # Saving and stopping happen only here, between optimizer steps, so that no accumulated
@@ -417,7 +554,10 @@ for epoch in range(start_epoch, args.epochs):
             if stop:
                 if is_main:
                     save_checkpoint(training_state(epoch, i + 1), run_dir / "weights" / "last.pt")
-                    log.info(f"saved {run_dir / 'weights' / 'last.pt'} at epoch {epoch + 1} iteration {i + 1}; resume with --resume")
+                    log.info(
+                        f"saved {run_dir / 'weights/last.pt'} at epoch {epoch + 1} iteration {i + 1}; "
+                        "resume with --resume"
+                    )
                 sys.exit(0)
             if pending_save and is_main:
                 save_checkpoint(training_state(epoch, i + 1), run_dir / "weights" / "last.pt")
@@ -427,7 +567,10 @@ for epoch in range(start_epoch, args.epochs):
                 means = (sums / max(counts["batches"], 1)).tolist()
                 memory = torch.cuda.memory_reserved(device) / 2**30 if device.type == "cuda" else 0
                 rate = (i + 1 - first) * args.batch / (time.time() - epoch_start)
-                progress.set_postfix_str(f"box {means[0]:.3f} cls {means[1]:.3f} dfl {means[2]:.3f} lr {lr:.2e} mem {memory:.1f}G {rate:.1f} img/s")
+                progress.set_postfix_str(
+                    f"box {means[0]:.3f} cls {means[1]:.3f} dfl {means[2]:.3f} lr {lr:.2e} "
+                    f"mem {memory:.1f}G {rate:.1f} img/s"
+                )
 
         if profiler:  # per micro-step, so that a trace is written even when an epoch has few optimizer steps
             profiler.step()
@@ -437,7 +580,11 @@ for epoch in range(start_epoch, args.epochs):
             if iteration == args.benchmark + 2:
                 seconds = time.time() - benchmark_start
                 progress.close()
-                print(f"benchmark: {args.benchmark * args.batch / seconds:.2f} images/s ({seconds / args.benchmark * 1000:.0f} ms/iteration, batch {args.batch}, {args.imgsz} px, {device})")
+                print(
+                    f"benchmark: {args.benchmark * args.batch / seconds:.2f} images/s "
+                    f"({seconds / args.benchmark * 1000:.0f} ms/iteration, batch {args.batch}, "
+                    f"{args.imgsz} px, {device})"
+                )
                 sys.exit(0)
     if profiler:
         profiler.stop()
@@ -449,15 +596,41 @@ for epoch in range(start_epoch, args.epochs):
         metrics = {"precision": float("nan"), "recall": float("nan"), "mAP50": float("nan"), "mAP50-95": float("nan")}
         if (epoch + 1) % args.val_every == 0 or final_epoch:
             # fp16 on CUDA: the per-epoch number only picks best.pt; the final one below is fp32
-            metrics = evaluate(ema.ema, val_loader, names, device, data["coco_json"], half=device.type == "cuda")["metrics"]
+            metrics = evaluate(ema.ema, val_loader, names, device, data["coco_json"], half=device.type == "cuda")[
+                "metrics"
+            ]
             fitness = metrics["mAP50-95"]
             if fitness > best_fitness:
                 best_fitness, best_epoch = fitness, epoch + 1
-                best = {"format": FORMAT, "scale": scale, "nc": nc, "names": names, "imgsz": args.imgsz, "model": ema.ema.state_dict(), "epoch": epoch + 1, "metrics": metrics, "args": vars(args)}
+                best = {
+                    "format": FORMAT,
+                    "scale": scale,
+                    "nc": nc,
+                    "names": names,
+                    "imgsz": args.imgsz,
+                    "model": ema.ema.state_dict(),
+                    "epoch": epoch + 1,
+                    "metrics": metrics,
+                    "args": vars(args),
+                }
                 save_checkpoint(best, run_dir / "weights" / "best.pt")  # deployable: EMA weights, no optimizer
         losses = (sums / max(counts["batches"], 1)).tolist()
-        faults = {"assign_on_cpu": loss_fn.assignments_on_cpu, "oom_skipped_steps": counts["oom_skipped_steps"], "nonfinite_skipped_steps": counts["nonfinite_skipped_steps"]}
-        row = [epoch + 1, *losses, metrics["precision"], metrics["recall"], metrics["mAP50"], metrics["mAP50-95"], lr, time.time() - epoch_start, *faults.values()]
+        faults = {
+            "assign_on_cpu": loss_fn.assignments_on_cpu,
+            "oom_skipped_steps": counts["oom_skipped_steps"],
+            "nonfinite_skipped_steps": counts["nonfinite_skipped_steps"],
+        }
+        row = [
+            epoch + 1,
+            *losses,
+            metrics["precision"],
+            metrics["recall"],
+            metrics["mAP50"],
+            metrics["mAP50-95"],
+            lr,
+            time.time() - epoch_start,
+            *faults.values(),
+        ]
         with results_csv.open("a") as f:
             f.write(",".join(f"{v:.5g}" if isinstance(v, float) else str(v) for v in row) + "\n")
         plot_results(results_csv, run_dir / "results.png")
@@ -465,7 +638,8 @@ for epoch in range(start_epoch, args.epochs):
             for column, value in zip(columns[1:], row[1:]):
                 tensorboard.add_scalar(column, value, epoch + 1)
         log.info(
-            f"epoch {epoch + 1}/{args.epochs}: box {losses[0]:.3f} cls {losses[1]:.3f} dfl {losses[2]:.3f} | P {metrics['precision']:.3f} R {metrics['recall']:.3f} "
+            f"epoch {epoch + 1}/{args.epochs}: box {losses[0]:.3f} cls {losses[1]:.3f} dfl {losses[2]:.3f} | "
+            f"P {metrics['precision']:.3f} R {metrics['recall']:.3f} "
             f"mAP50 {metrics['mAP50']:.3f} mAP50-95 {metrics['mAP50-95']:.3f} | {time.time() - epoch_start:.0f} s"
             + "".join(f" | {k.replace('_', ' ')} {v}" for k, v in faults.items() if v)
         )
@@ -474,7 +648,10 @@ for epoch in range(start_epoch, args.epochs):
     # --patience: rank 0 saw the fitness; the vote is also the barrier where the other ranks wait for it
     patience_over = is_main and args.patience > 0 and epoch + 1 - best_epoch >= args.patience and not final_epoch
     if any_rank([patience_over], world_size, flags_group)[0]:
-        log.info(f"stopping early: mAP50-95 has not improved for {args.patience} epochs (--patience); the best was epoch {best_epoch}")
+        log.info(
+            f"stopping early: no better mAP50-95 in {args.patience} epochs (--patience); "
+            f"the best was epoch {best_epoch}"
+        )
         break
 
 # -----------------------------------------------------------------------------------------------

@@ -13,16 +13,26 @@ import json
 import sys
 from pathlib import Path
 
-
 from models.yolo import model_from_checkpoint
 from utils.checkpoint import CheckpointError, find_best_checkpoint, load_checkpoint
-from utils.data import DatasetError, ValDataset, fix_cv2_and_file_limits, load_dataset_yaml, load_verified, make_loader, single_class
+from utils.data import (
+    DatasetError,
+    ValDataset,
+    fix_cv2_and_file_limits,
+    load_dataset_yaml,
+    load_verified,
+    make_loader,
+    single_class,
+)
 from utils.distributed import select_device
 from utils.evaluate import evaluate, format_table
 from utils.general import next_run_dir, setup_logging
 from utils.plots import plot_confidence_curves, plot_confusion_matrix, plot_pr_curve, plot_val_batch
 
-parser = argparse.ArgumentParser(description="Evaluate a checkpoint (COCO mAP with pycocotools)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+parser = argparse.ArgumentParser(
+    description="Evaluate a checkpoint (COCO mAP with pycocotools)",
+    formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+)
 parser.add_argument("--weights", default="", help="checkpoint (default: newest runs/train/*/weights/best.pt)")
 parser.add_argument("--data", default="", help="dataset yaml (default: the one the checkpoint was trained on)")
 parser.add_argument("--split", default="val", choices=["val", "test", "train"])
@@ -34,7 +44,11 @@ parser.add_argument("--max-det", type=int, default=300)
 parser.add_argument("--device", default="")
 parser.add_argument("--workers", type=int, default=2)
 parser.add_argument("--half", action="store_true", help="fp16 inference (CUDA)")
-parser.add_argument("--single-cls", action="store_true", help="every class as one (automatic for a checkpoint trained with --single-cls)")
+parser.add_argument(
+    "--single-cls",
+    action="store_true",
+    help="every class as one (automatic for a checkpoint trained with --single-cls)",
+)
 parser.add_argument("--save-json", action="store_true", help="write COCO-format detections to predictions.json")
 parser.add_argument("--out", default="", help="output folder (default runs/val/exp, exp2, ...)")
 args = parser.parse_args()
@@ -73,14 +87,22 @@ log.info(f"{weights}: {len(records)} {args.split} images at {imgsz} px on {devic
 result = evaluate(model, loader, data["names"], device, data["coco_json"], args.conf, args.iou, args.max_det, half)
 speed = result["metrics"]["speed_ms"]
 log.info(format_table(result, data["names"]))
-log.info(f"speed per image: {speed['preprocess']:.1f} ms preprocess, {speed['inference']:.1f} ms inference, {speed['nms']:.1f} ms NMS at {imgsz} px")
-(out / "metrics.json").write_text(json.dumps({**result["metrics"], "per_class": result["per_class"], "weights": str(weights)}, indent=2))
+log.info(
+    f"speed per image: {speed['preprocess']:.1f} ms preprocess, {speed['inference']:.1f} ms inference, "
+    f"{speed['nms']:.1f} ms NMS at {imgsz} px"
+)
+(out / "metrics.json").write_text(
+    json.dumps({**result["metrics"], "per_class": result["per_class"], "weights": str(weights)}, indent=2)
+)
 if args.save_json:
     (out / "predictions.json").write_text(json.dumps(result["detections"]))
     if data["coco_json"] is None:  # the ground truth the mAP was computed against, for re-checking
         (out / "ground_truth.json").write_text(json.dumps(result["ground_truth"]))
 plot_pr_curve(result["curves"], data["names"], [r["mAP50"] for r in result["per_class"]], out / "pr_curve.png")
 plot_confusion_matrix(result["confusion"], data["names"], out / "confusion_matrix.png")
-log.info(f"best F1 at confidence {plot_confidence_curves(result['curves'], data['names'], out):.3f} (F1_curve.png; detect.py --conf)")
+log.info(
+    f"best F1 at confidence {plot_confidence_curves(result['curves'], data['names'], out):.3f} "
+    "(F1_curve.png; detect.py --conf)"
+)
 plot_val_batch(model, loader, data["names"], out, device)
 log.info(f"results in {out}")

@@ -28,7 +28,14 @@ import cv2  # noqa: E402
 import torch  # noqa: E402
 
 from models.yolo import YOLO  # noqa: E402
-from utils.data import EpochBatchSampler, TrainDataset, fix_cv2_and_file_limits, load_dataset_yaml, load_verified, make_loader  # noqa: E402
+from utils.data import (  # noqa: E402
+    EpochBatchSampler,
+    TrainDataset,
+    fix_cv2_and_file_limits,
+    load_dataset_yaml,
+    load_verified,
+    make_loader,
+)
 from utils.loss import DetectionLoss  # noqa: E402
 from utils.shapes import make_shapes  # noqa: E402
 
@@ -48,7 +55,10 @@ def machine():
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{cpu}, {os.cpu_count()} cores | torch {torch.__version__}, {torch.get_num_threads()} threads | opencv {cv2.__version__}"
+    return (
+        f"{cpu}, {os.cpu_count()} cores | torch {torch.__version__}, {torch.get_num_threads()} threads"
+        f" | opencv {cv2.__version__}"
+    )
 
 
 def time_loader(records, size, hyp, batch, workers, warmup, batches):
@@ -87,15 +97,21 @@ def time_train_step(images, targets, nc, steps):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=str(REPO / "data" / "shapes.yaml"), help="dataset yaml (its train split is read)")
-    parser.add_argument("--tmp-shapes", type=int, default=0, help="instead of --data, generate this many shapes images in a temp folder")
+    parser.add_argument(
+        "--data", default=str(REPO / "data" / "shapes.yaml"), help="dataset yaml (its train split is read)"
+    )
+    parser.add_argument(
+        "--tmp-shapes", type=int, default=0, help="instead of --data, generate this many shapes images in a temp folder"
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=[640, 320])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=3, help="loader batches not timed (worker start-up)")
     parser.add_argument("--batches", type=int, default=30, help="loader batches timed")
     parser.add_argument("--steps", type=int, default=5, help="training steps timed")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads for the training step (0: torch's default)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads for the training step (0: torch's default)"
+    )
     args = parser.parse_args()
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the verification totals
@@ -113,15 +129,24 @@ def main():
     hyp = train_hyp()
 
     print(machine())
-    print(f"{len(records)} train images | loader: {args.workers} workers, batch {args.batch}, mosaic {hyp['mosaic']} | step: model n, batch {args.batch}, forward + backward")
+    print(
+        f"{len(records)} train images | loader: {args.workers} workers, batch {args.batch}, mosaic {hyp['mosaic']}"
+        f" | step: model n, batch {args.batch}, forward + backward"
+    )
     rows = []
     for size in args.sizes:
-        loader_rate, (images, targets) = time_loader(records, size, hyp, args.batch, args.workers, args.warmup, args.batches)
+        loader_rate, (images, targets) = time_loader(
+            records, size, hyp, args.batch, args.workers, args.warmup, args.batches
+        )
         if len(images) < args.batch:  # the last batch of an epoch can be short; time the step on a full one
             images = images.repeat((args.batch + len(images) - 1) // len(images), 1, 1, 1)[: args.batch]
         step_rate = time_train_step(images, targets, nc, args.steps)
         rows.append((size, loader_rate, step_rate))
-        print(f"  {size} px: loader {loader_rate:7.1f} img/s | training step {step_rate:6.1f} img/s | loader / step {loader_rate / step_rate:5.1f}x", flush=True)
+        print(
+            f"  {size} px: loader {loader_rate:7.1f} img/s | training step {step_rate:6.1f} img/s"
+            f" | loader / step {loader_rate / step_rate:5.1f}x",
+            flush=True,
+        )
     print(f"{'imgsz':>5} | {'loader img/s':>12} | {'train step img/s':>16} | {'loader/step':>11}")
     for size, loader_rate, step_rate in rows:
         print(f"{size:>5} | {loader_rate:>12.1f} | {step_rate:>16.1f} | {loader_rate / step_rate:>10.1f}x")

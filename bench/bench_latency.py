@@ -49,9 +49,21 @@ def main():
     parser.add_argument("--sizes", nargs="+", type=int, default=[640, 320])
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default); ORT uses its own default")
-    parser.add_argument("--ultralytics-onnx", nargs="*", default=[], help="Ultralytics YOLOv8n .onnx files (fixed sizes or dynamic) to time in ORT the same way")
-    parser.add_argument("--nc", type=int, default=80, help="classes of our model (match the Ultralytics file's: the head's width depends on it)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads (0 = torch's default); ORT uses its own default"
+    )
+    parser.add_argument(
+        "--ultralytics-onnx",
+        nargs="*",
+        default=[],
+        help="Ultralytics YOLOv8n .onnx files (fixed sizes or dynamic) to time in ORT the same way",
+    )
+    parser.add_argument(
+        "--nc",
+        type=int,
+        default=80,
+        help="classes of our model (match the Ultralytics file's: the head's width depends on it)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -73,9 +85,14 @@ def main():
                 row.append(median_latency(run, x, args.runs, args.warmup) if run else None)
             rows.append(row)
 
-    print(f"n model ({args.nc} classes), batch 1, median ms of {args.runs} runs after {args.warmup} warm-up | {cpu_name()}, {os.cpu_count()} CPUs | "
-          f"torch {torch.__version__} ({torch.get_num_threads()} threads), onnxruntime {onnxruntime.__version__}")
-    header = ["imgsz", "PyTorch", "TorchScript", "ONNX Runtime"] + (["Ultralytics ORT"] if args.ultralytics_onnx else [])
+    print(
+        f"n model ({args.nc} classes), batch 1, median ms of {args.runs} runs after {args.warmup} warm-up | "
+        f"{cpu_name()}, {os.cpu_count()} CPUs | "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), onnxruntime {onnxruntime.__version__}"
+    )
+    header = ["imgsz", "PyTorch", "TorchScript", "ONNX Runtime"] + (
+        ["Ultralytics ORT"] if args.ultralytics_onnx else []
+    )
     print(" | ".join(f"{h:>15}" for h in header))
     for size, *times in rows:  # None: the Ultralytics file was exported for another fixed size
         print(" | ".join([f"{size:>15}"] + [f"{'n/a':>15}" if t is None else f"{t:>15.1f}" for t in times]))

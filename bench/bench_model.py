@@ -60,15 +60,23 @@ def main():
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     device = torch.device("cpu" if args.device == "cpu" else f"cuda:{args.device}")
-    print(f"device {device} ({torch.get_num_threads()} threads), torch {torch.__version__}, batch {args.batch}, median of {args.runs}")
-    print(f"{'scale':>5} {'params M':>9} {'GFLOPs@640':>10} {'size':>5} {'fwd ms/img':>11} {'fwd+bwd ms/img':>15} {'act MB':>8} {'act MB ckpt':>12} {'saved':>6}")
+    print(
+        f"device {device} ({torch.get_num_threads()} threads), torch {torch.__version__}, "
+        f"batch {args.batch}, median of {args.runs}"
+    )
+    print(
+        f"{'scale':>5} {'params M':>9} {'GFLOPs@640':>10} {'size':>5} {'fwd ms/img':>11} {'fwd+bwd ms/img':>15}"
+        f" {'act MB':>8} {'act MB ckpt':>12} {'saved':>6}"
+    )
     for scale in args.scales:
         model = YOLO(scale, nc=80).to(device, memory_format=torch.channels_last)  # as train.py and val.py run it
         params, gflops = count_parameters(model) / 1e6, count_gflops(model, 640)
         loss_fn = DetectionLoss(model.head)
         for size in args.sizes:
             x = torch.rand(args.batch, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
-            targets = torch.tensor([[i, i % 80, 10.0 + i, 20.0, size / 2, size / 2 + i] for i in range(args.batch)], device=device)
+            targets = torch.tensor(
+                [[i, i % 80, 10.0 + i, 20.0, size / 2, size / 2 + i] for i in range(args.batch)], device=device
+            )
 
             def forward():
                 with torch.no_grad():
@@ -88,7 +96,10 @@ def main():
             ckpt = saved_activation_bytes(model, x, targets, loss_fn)
             model.checkpoint_activations = False
             model.zero_grad(set_to_none=True)
-            print(f"{scale:>5} {params:>9.2f} {gflops:>10.1f} {size:>5} {fwd:>11.1f} {step:>15.1f} {plain / 2**20:>8.0f} {ckpt / 2**20:>12.0f} {1 - ckpt / plain:>6.0%}")
+            print(
+                f"{scale:>5} {params:>9.2f} {gflops:>10.1f} {size:>5} {fwd:>11.1f} {step:>15.1f}"
+                f" {plain / 2**20:>8.0f} {ckpt / 2**20:>12.0f} {1 - ckpt / plain:>6.0%}"
+            )
             if device.type == "cuda":
                 print(f"      peak CUDA memory so far: {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB")
 

@@ -34,7 +34,9 @@ runpy.run_path("train.py", run_name="__main__")
 
 def train(args, script="train.py", timeout=3000):
     start = time.time()
-    result = subprocess.run([sys.executable, script, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, script, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
     return result, time.time() - start
 
 
@@ -45,10 +47,14 @@ def last_row(run_dir):
 
 def check_amp(out, device):
     for dtype in ("bf16", "fp16"):
-        result, seconds = train(["--epochs", "2", "--amp", "--amp-dtype", dtype, "--device", device, "--out", out / dtype])
+        result, seconds = train(
+            ["--epochs", "2", "--amp", "--amp-dtype", dtype, "--device", device, "--out", out / dtype]
+        )
         row = last_row(out / dtype) if result.returncode == 0 else {}
-        print(f"amp {dtype}: exit {result.returncode}, {seconds:.0f} s, mAP50-95 {row.get('mAP50-95')}, "
-              f"skipped steps: oom {row.get('oom_skipped_steps')}, non-finite {row.get('nonfinite_skipped_steps')}")
+        print(
+            f"amp {dtype}: exit {result.returncode}, {seconds:.0f} s, mAP50-95 {row.get('mAP50-95')}, "
+            f"skipped steps: oom {row.get('oom_skipped_steps')}, non-finite {row.get('nonfinite_skipped_steps')}"
+        )
         if result.returncode:
             print(result.stdout[-2000:] + result.stderr[-2000:])
 
@@ -57,11 +63,17 @@ def check_oom(out, device):
     with tempfile.NamedTemporaryFile("w", suffix=".py", dir=REPO, delete=False) as f:
         f.write(OOM_WRAPPER.format(fraction=0.02))
     try:
-        result, seconds = train(["--epochs", "1", "--batch", "256", "--imgsz", "640", "--device", device, "--out", out / "oom"], script=f.name)
+        result, seconds = train(
+            ["--epochs", "1", "--batch", "256", "--imgsz", "640", "--device", device, "--out", out / "oom"],
+            script=f.name,
+        )
     finally:
         Path(f.name).unlink()
     message = next((line for line in result.stdout.splitlines() if "out of memory in" in line), "(no message)")
-    print(f"forced OOM: exit {result.returncode} after {seconds:.0f} s, crash/ written: {(out / 'oom/crash/reason.txt').exists()}\n  {message}")
+    print(
+        f"forced OOM: exit {result.returncode} after {seconds:.0f} s, "
+        f"crash/ written: {(out / 'oom/crash/reason.txt').exists()}\n  {message}"
+    )
 
 
 def check_throughput(out, device):
@@ -69,20 +81,46 @@ def check_throughput(out, device):
 
     def sample():
         while not done.wait(0.5):
-            query = subprocess.run(["nvidia-smi", f"--id={device}", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True)
+            query = subprocess.run(
+                [
+                    "nvidia-smi",
+                    f"--id={device}",
+                    "--query-gpu=utilization.gpu,memory.used",
+                    "--format=csv,noheader,nounits",
+                ],
+                capture_output=True,
+                text=True,
+            )
             if query.returncode == 0 and query.stdout.strip():
                 samples.append([float(v) for v in query.stdout.split(",")])
 
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
-    result, _ = train(["--benchmark", "50", "--imgsz", "640", "--batch", "64", "--amp", "--device", device, "--out", out / "throughput"])
+    result, _ = train(
+        [
+            "--benchmark",
+            "50",
+            "--imgsz",
+            "640",
+            "--batch",
+            "64",
+            "--amp",
+            "--device",
+            device,
+            "--out",
+            out / "throughput",
+        ]
+    )
     done.set()
     thread.join()
     figure = re.search(r"benchmark: .*", result.stdout)
     busy = sorted(s[0] for s in samples[len(samples) // 3 :])  # after start-up
     print(f"throughput: {figure.group(0) if figure else result.stderr[-1000:]}")
     if busy:
-        print(f"  GPU utilisation median {busy[len(busy) // 2]:.0f}%, memory used up to {max(s[1] for s in samples):.0f} MiB")
+        print(
+            f"  GPU utilisation median {busy[len(busy) // 2]:.0f}%, "
+            f"memory used up to {max(s[1] for s in samples):.0f} MiB"
+        )
 
 
 def check_export(out, device):
@@ -90,7 +128,10 @@ def check_export(out, device):
     if not weights.exists():
         result, _ = train(["--epochs", "1", "--amp", "--device", device, "--out", out / "fp16"])
     result, _ = train(["--weights", weights, "--onnx", "--half", "--device", device], script="export.py")
-    print(f"export --half: exit {result.returncode}\n" + "\n".join("  " + line for line in (result.stdout + result.stderr).strip().splitlines()[-6:]))
+    print(
+        f"export --half: exit {result.returncode}\n"
+        + "\n".join("  " + line for line in (result.stdout + result.stderr).strip().splitlines()[-6:])
+    )
 
 
 CHECKS = {"amp": check_amp, "oom": check_oom, "throughput": check_throughput, "export": check_export}

@@ -25,8 +25,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=str(REPO / "data" / "shapes.yaml"))
     parser.add_argument("--split", default="val")
-    parser.add_argument("--detections", required=True, help="COCO-format json: a list of {image_id or file_name, category_id, bbox (x, y, w, h), score}")
-    parser.add_argument("--category-offset", type=int, default=0, help="subtracted from category_id to give the class index")
+    parser.add_argument(
+        "--detections",
+        required=True,
+        help="COCO-format json: a list of {image_id or file_name, category_id, bbox (x, y, w, h), score}",
+    )
+    parser.add_argument(
+        "--category-offset", type=int, default=0, help="subtracted from category_id to give the class index"
+    )
     args = parser.parse_args()
 
     data = load_dataset_yaml(args.data)
@@ -40,11 +46,21 @@ def main():
         if index is None:
             unmatched += 1
             continue
-        detections.append({"image_id": index, "category_id": int(d["category_id"]) - args.category_offset, "bbox": d["bbox"], "score": d["score"]})
+        detections.append(
+            {
+                "image_id": index,
+                "category_id": int(d["category_id"]) - args.category_offset,
+                "bbox": d["bbox"],
+                "score": d["score"],
+            }
+        )
     if unmatched:
         sys.exit(f"error: {unmatched} detections name no image of the {args.split} split of {args.data}")
     map5095, map50, *_ = coco_map(gt, detections, list(range(data["nc"])))
-    print(f"{args.detections}: {len(detections)} detections on {len(records)} images | pycocotools mAP50-95 {map5095:.4f} mAP50 {map50:.4f}")
+    print(
+        f"{args.detections}: {len(detections)} detections on {len(records)} images"
+        f" | pycocotools mAP50-95 {map5095:.4f} mAP50 {map50:.4f}"
+    )
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Runs in a virtual environment of its own, never the project's (ultralytics is no
 One-time setup of that environment:
 
     python3 -m venv /work/peer-venv
-    /work/peer-venv/bin/pip install -q torch==2.14.1 torchvision==0.29.1 ultralytics onnx onnxruntime onnxslim pycocotools
+    /work/peer-venv/bin/pip install -q torch==2.14.1 torchvision==0.29.1 \
+       ultralytics onnx onnxruntime onnxslim pycocotools
     mkdir -p /work/peer-config/Ultralytics
     cp /work/peer-venv/lib/python3.11/site-packages/matplotlib/mpl-data/fonts/ttf/DejaVuSans.ttf \
        /work/peer-config/Ultralytics/Arial.ttf
@@ -14,13 +15,16 @@ One-time setup of that environment:
 Usage (from the repository root):
 
     # full run: train YOLOv8n from scratch with Ultralytics' defaults, validate best.pt, write OUT/summary.json
-    /work/peer-venv/bin/python bench/ultralytics_shapes.py --data data/shapes.yaml --epochs 100 --imgsz 320 --batch 16 --out runs/peer/v8n
+    /work/peer-venv/bin/python bench/ultralytics_shapes.py --data data/shapes.yaml --epochs 100 --imgsz 320 \
+       --batch 16 --out runs/peer/v8n
     # throughput only: images/s over N iterations after 2 warm-up iterations (like train.py --benchmark N)
-    /work/peer-venv/bin/python bench/ultralytics_shapes.py --imgsz 320 --batch 16 --benchmark-iters 20 --out runs/peer/bench
+    /work/peer-venv/bin/python bench/ultralytics_shapes.py --imgsz 320 --batch 16 --benchmark-iters 20 \
+       --out runs/peer/bench
     # ONNX for latency: of the trained best.pt, or of an untrained model with --epochs 0
     /work/peer-venv/bin/python bench/ultralytics_shapes.py --epochs 0 --imgsz 640 --export-onnx --out runs/peer/onnx
     # smoke test: first 32 train and 32 val images
-    /work/peer-venv/bin/python bench/ultralytics_shapes.py --epochs 1 --imgsz 64 --batch 8 --subset 32 --out /tmp/peer-smoke
+    /work/peer-venv/bin/python bench/ultralytics_shapes.py --epochs 1 --imgsz 64 --batch 8 --subset 32 \
+       --out /tmp/peer-smoke
 
 Everything not set here (optimizer 'auto', lr, warmup, augmentation, close_mosaic, deterministic, ...) is left at
 Ultralytics' defaults on purpose: the point is to compare its defaults with ours. Only what the comparison needs is
@@ -46,9 +50,8 @@ os.environ["YOLO_AUTOINSTALL"] = "0"  # never pip-install missing requirements a
 os.environ.setdefault("YOLO_CONFIG_DIR", "/work/peer-config")  # settings.json and Ultralytics/Arial.ttf live here
 
 import torch  # noqa: E402
-import yaml  # noqa: E402
-
 import ultralytics  # noqa: E402
+import yaml  # noqa: E402
 from ultralytics import YOLO  # noqa: E402
 from ultralytics.utils import USER_CONFIG_DIR  # noqa: E402
 
@@ -57,21 +60,45 @@ MODEL_CFG = "yolov8n.yaml"  # architecture file shipped inside the ultralytics p
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--data", default="data/shapes.yaml", help="our dataset yaml (path relative to its folder)")
     parser.add_argument("--epochs", type=int, default=100, help="0 = no training (only makes sense with --export-onnx)")
     parser.add_argument("--imgsz", type=int, default=320, help="train, val and export size")
     parser.add_argument("--batch", type=int, default=16, help="training batch (Ultralytics validates at 2x)")
     parser.add_argument("--out", required=True, help="output folder: summary.json, the mirrored dataset, the run")
-    parser.add_argument("--subset", type=int, default=0, help="use only the first N train and val images (like train.py --subset)")
-    parser.add_argument("--benchmark-iters", type=int, default=0, help="measure train images/s over N iterations after 2 warm-up ones, then stop")
-    parser.add_argument("--export-onnx", action="store_true", help="export best.pt (or an untrained model if nothing was trained) to ONNX")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (Ultralytics would use 1 on 2 cores)")
-    parser.add_argument("--workers", type=int, default=2, help="data-loader processes (Ultralytics would force 0 on CPU)")
-    parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None, help="default: Ultralytics' own (True)")
+    parser.add_argument(
+        "--subset", type=int, default=0, help="use only the first N train and val images (like train.py --subset)"
+    )
+    parser.add_argument(
+        "--benchmark-iters",
+        type=int,
+        default=0,
+        help="measure train images/s over N iterations after 2 warm-up ones, then stop",
+    )
+    parser.add_argument(
+        "--export-onnx",
+        action="store_true",
+        help="export best.pt (or an untrained model if nothing was trained) to ONNX",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch intra-op threads (Ultralytics would use 1 on 2 cores)"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=2, help="data-loader processes (Ultralytics would force 0 on CPU)"
+    )
+    parser.add_argument(
+        "--deterministic", action=argparse.BooleanOptionalAction, default=None, help="default: Ultralytics' own (True)"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="extra Ultralytics train() arguments, e.g. --set warmup_epochs=1 nbs=16 close_mosaic=3")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Ultralytics train() arguments, e.g. --set warmup_epochs=1 nbs=16 close_mosaic=3",
+    )
     return parser.parse_args()
 
 
@@ -121,7 +148,11 @@ def write_dataset_yaml(data_yaml, out, train_limit, val_limit):
     names = cfg["names"]
     names = {i: n for i, n in enumerate(names)} if isinstance(names, list) else {int(k): v for k, v in names.items()}
     path = out / "shapes_ultralytics.yaml"
-    path.write_text(yaml.safe_dump({"path": str(mirror), "train": "images/train", "val": "images/val", "names": names}, sort_keys=False))
+    path.write_text(
+        yaml.safe_dump(
+            {"path": str(mirror), "train": "images/train", "val": "images/val", "names": names}, sort_keys=False
+        )
+    )
     return path, n_train, n_val, len(names)
 
 
@@ -195,11 +226,21 @@ def add_benchmark_timer(model, iters):
 
 def train_kwargs(args, data_yaml, out, epochs):
     kwargs = dict(
-        data=str(data_yaml), epochs=epochs, imgsz=args.imgsz, batch=args.batch,
+        data=str(data_yaml),
+        epochs=epochs,
+        imgsz=args.imgsz,
+        batch=args.batch,
         pretrained=False,  # from scratch, like our default; there are no weights to download anyway
         amp=False,  # fp32, as PEERS.md says (on CUDA, AMP would also run a check that downloads yolo26n.pt)
-        plots=False, device="cpu", workers=args.workers, seed=args.seed, val=True,
-        project=str(out), name="train", exist_ok=True, verbose=True,
+        plots=False,
+        device="cpu",
+        workers=args.workers,
+        seed=args.seed,
+        val=True,
+        project=str(out),
+        name="train",
+        exist_ok=True,
+        verbose=True,
     )
     if args.deterministic is not None:
         kwargs["deterministic"] = args.deterministic
@@ -246,10 +287,22 @@ def main():
 
     mode = "benchmark" if args.benchmark_iters else "train" if args.epochs > 0 else "export"
     summary = {
-        "mode": mode, "mAP50-95": None, "mAP50": None, "precision": None, "recall": None, "train_seconds": None,
-        "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch, "images_per_second": None,
-        "model": MODEL_CFG, "ultralytics": ultralytics.__version__, "torch": torch.__version__,
-        "threads": args.threads, "workers": args.workers, "set": args.set,
+        "mode": mode,
+        "mAP50-95": None,
+        "mAP50": None,
+        "precision": None,
+        "recall": None,
+        "train_seconds": None,
+        "epochs": args.epochs,
+        "imgsz": args.imgsz,
+        "batch": args.batch,
+        "images_per_second": None,
+        "model": MODEL_CFG,
+        "ultralytics": ultralytics.__version__,
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "workers": args.workers,
+        "set": args.set,
     }
     best = None
     if args.benchmark_iters or args.epochs > 0:
@@ -258,7 +311,10 @@ def main():
             # set is built by the trainer but never used.
             train_limit = (args.benchmark_iters + 2) * args.batch
             if args.subset and args.subset < train_limit:
-                sys.exit(f"error: --benchmark-iters {args.benchmark_iters} at batch {args.batch} needs {train_limit} images, --subset is {args.subset}")
+                sys.exit(
+                    f"error: --benchmark-iters {args.benchmark_iters} at batch {args.batch} "
+                    f"needs {train_limit} images, --subset is {args.subset}"
+                )
             val_limit = args.batch
         else:
             train_limit = val_limit = args.subset
@@ -281,10 +337,16 @@ def main():
                     loader.close()  # the loop was left by an exception: stop the workers ourselves
             seconds = timer["seconds"]
             rate = args.benchmark_iters * args.batch / seconds
-            summary.update(images_per_second=round(rate, 3), benchmark_iters=args.benchmark_iters,
-                           ms_per_iteration=round(seconds / args.benchmark_iters * 1000, 1), epochs=None)
-            print(f"benchmark: {rate:.2f} images/s ({seconds / args.benchmark_iters * 1000:.0f} ms/iteration, "
-                  f"batch {args.batch}, {args.imgsz} px, cpu, {args.threads} threads, {args.workers} workers)")
+            summary.update(
+                images_per_second=round(rate, 3),
+                benchmark_iters=args.benchmark_iters,
+                ms_per_iteration=round(seconds / args.benchmark_iters * 1000, 1),
+                epochs=None,
+            )
+            print(
+                f"benchmark: {rate:.2f} images/s ({seconds / args.benchmark_iters * 1000:.0f} ms/iteration, "
+                f"batch {args.batch}, {args.imgsz} px, cpu, {args.threads} threads, {args.workers} workers)"
+            )
         else:
             epoch_timer = add_epoch_timer(model)
             start = time.perf_counter()
@@ -295,20 +357,40 @@ def main():
             # model.metrics is the validator's result from the trainer's final_eval(), i.e. best.pt on the val split.
             box = model.metrics.box
             summary.update(
-                {"mAP50-95": round(float(box.map), 5), "mAP50": round(float(box.map50), 5),
-                 "precision": round(float(box.mp), 5), "recall": round(float(box.mr), 5)},
-                train_seconds=round(train_seconds, 1), epochs=trainer.epoch + 1,
-                images_per_second=round(epoch_timer["images"] / epoch_timer["seconds"], 3) if epoch_timer["images"] else None,
+                {
+                    "mAP50-95": round(float(box.map), 5),
+                    "mAP50": round(float(box.map50), 5),
+                    "precision": round(float(box.mp), 5),
+                    "recall": round(float(box.mr), 5),
+                },
+                train_seconds=round(train_seconds, 1),
+                epochs=trainer.epoch + 1,
+                images_per_second=round(epoch_timer["images"] / epoch_timer["seconds"], 3)
+                if epoch_timer["images"]
+                else None,
                 run_dir=str(trainer.save_dir),
-                best=str(best) if best else None)
-            print(f"train: {summary['epochs']} epochs in {train_seconds:.1f} s, {summary['images_per_second']} train "
-                  f"images/s (iterations after the first 2, without val)")
+                best=str(best) if best else None,
+            )
+            print(
+                f"train: {summary['epochs']} epochs in {train_seconds:.1f} s, {summary['images_per_second']} train "
+                f"images/s (iterations after the first 2, without val)"
+            )
             print(f"best.pt on val: mAP50-95 {box.map:.4f} mAP50 {box.map50:.4f} P {box.mp:.4f} R {box.mr:.4f}")
             if best is not None:
                 # best.pt once more through its validator with save_json: bench/score_detections.py then scores the
                 # same detections with pycocotools, the evaluator our mAP comes from (one evaluator for both repos).
-                YOLO(str(best)).val(data=str(data_yaml), imgsz=args.imgsz, batch=args.batch * 2, save_json=True, plots=False,
-                                    device="cpu", workers=args.workers, project=str(out), name="val", exist_ok=True)
+                YOLO(str(best)).val(
+                    data=str(data_yaml),
+                    imgsz=args.imgsz,
+                    batch=args.batch * 2,
+                    save_json=True,
+                    plots=False,
+                    device="cpu",
+                    workers=args.workers,
+                    project=str(out),
+                    name="val",
+                    exist_ok=True,
+                )
                 summary["predictions"] = str(out / "val" / "predictions.json")
 
     if args.export_onnx:

@@ -27,7 +27,9 @@ def default_labels_dir(json_path):
 def main(argv=None):
     parser = argparse.ArgumentParser(description="COCO instances json -> YOLO txt labels")
     parser.add_argument("json", help="COCO instances json (e.g. annotations/instances_val2017.json)")
-    parser.add_argument("--labels", default=None, help="output folder for the .txt files (default: <root>/labels/<split>)")
+    parser.add_argument(
+        "--labels", default=None, help="output folder for the .txt files (default: <root>/labels/<split>)"
+    )
     args = parser.parse_args(argv)
     if not Path(args.json).is_file():
         sys.exit(f"error: {args.json} does not exist")

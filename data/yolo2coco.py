@@ -47,7 +47,10 @@ def main(argv=None):
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(coco))
-    print(f"{out}: {len(coco['images'])} images, {len(coco['annotations'])} boxes, {len(names)} categories" + (f", {len(problems)} images left out" if problems else ""))
+    print(
+        f"{out}: {len(coco['images'])} images, {len(coco['annotations'])} boxes, {len(names)} categories"
+        + (f", {len(problems)} images left out" if problems else "")
+    )
 
 
 if __name__ == "__main__":

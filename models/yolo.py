@@ -41,7 +41,8 @@ class Conv(nn.Module):
         return self.act(self.bn(self.conv(x)))
 
     def fuse(self):
-        # Folding is only valid with frozen statistics, i.e. eval mode (pitfall M1: BatchNorm behaves differently in train and eval).
+        # Folding is only valid with frozen statistics, i.e. eval mode
+        # (pitfall M1: BatchNorm behaves differently in train and eval).
         self.conv = torch.nn.utils.fusion.fuse_conv_bn_eval(self.conv.eval(), self.bn.eval())
         self.bn = nn.Identity()
 
@@ -104,10 +105,14 @@ class Detect(nn.Module):
         box_hidden = max(16, channels[0] // 4, reg_max * 4)
         cls_hidden = max(channels[0], min(nc, 100))
         self.box = nn.ModuleList(
-            nn.Sequential(Conv(c, box_hidden, 3), Conv(box_hidden, box_hidden, 3), nn.Conv2d(box_hidden, 4 * reg_max, 1)) for c in channels
+            nn.Sequential(
+                Conv(c, box_hidden, 3), Conv(box_hidden, box_hidden, 3), nn.Conv2d(box_hidden, 4 * reg_max, 1)
+            )
+            for c in channels
         )
         self.cls = nn.ModuleList(
-            nn.Sequential(Conv(c, cls_hidden, 3), Conv(cls_hidden, cls_hidden, 3), nn.Conv2d(cls_hidden, nc, 1)) for c in channels
+            nn.Sequential(Conv(c, cls_hidden, 3), Conv(cls_hidden, cls_hidden, 3), nn.Conv2d(cls_hidden, nc, 1))
+            for c in channels
         )
         self.register_buffer("bins", torch.arange(reg_max, dtype=torch.float32), persistent=False)
         self.init_biases()
@@ -230,7 +235,10 @@ def model_from_checkpoint(ckpt, source=""):
         model.names, model.imgsz = ckpt["names"], ckpt["imgsz"]
     except (KeyError, RuntimeError, ValueError, TypeError) as e:
         detail = " ".join(str(e).split())[:200]
-        raise CheckpointError(f"{source or 'the checkpoint'} has the '{FORMAT}' tag but holds no model this code can build ({type(e).__name__}: {detail})") from None
+        raise CheckpointError(
+            f"{source or 'the checkpoint'} has the '{FORMAT}' tag but holds no model this code can build "
+            f"({type(e).__name__}: {detail})"
+        ) from None
     return model.eval().to(memory_format=torch.channels_last)
 
 

@@ -30,7 +30,19 @@ from utils.shapes import NAMES, draw_image, make_shapes
 REPO = Path(__file__).resolve().parents[1]
 
 # The augmentation table train.py uses by default, and one with every augmentation off.
-HYP = dict(hsv_h=0.015, hsv_s=0.7, hsv_v=0.4, degrees=0.0, translate=0.1, scale=0.5, shear=0.0, flipud=0.0, fliplr=0.5, mosaic=1.0, mixup=0.0)
+HYP = dict(
+    hsv_h=0.015,
+    hsv_s=0.7,
+    hsv_v=0.4,
+    degrees=0.0,
+    translate=0.1,
+    scale=0.5,
+    shear=0.0,
+    flipud=0.0,
+    fliplr=0.5,
+    mosaic=1.0,
+    mixup=0.0,
+)
 NO_AUG = dict(HYP, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0, translate=0.0, scale=0.0, fliplr=0.0, mosaic=0.0)
 
 # Pure colours (RGB) of the test rectangles: colour k is class k.
@@ -59,7 +71,12 @@ def write_labels(image_path, w, h, rects):
     """YOLO labels (class cx cy w h, normalised) of pixel rectangles, at the conventional place."""
     lp = Path(D.label_path(str(image_path)))
     lp.parent.mkdir(parents=True, exist_ok=True)
-    lp.write_text("".join(f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}\n" for x1, y1, x2, y2, c in rects))
+    lp.write_text(
+        "".join(
+            f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}\n"
+            for x1, y1, x2, y2, c in rects
+        )
+    )
 
 
 def rect_dataset(root, n=4, w=96, h=96, split="train", suffix=".png"):
@@ -99,16 +116,23 @@ def assert_boxes_tight(img, labels, tol=1.5, region_margin=3, require_all_pixels
     for cls, x1, y1, x2, y2 in np.asarray(labels, float):
         mask = colour_mask(img, int(cls))
         region = np.zeros_like(mask)
-        region[max(int(y1) - region_margin, 0) : min(int(np.ceil(y2)) + region_margin, h), max(int(x1) - region_margin, 0) : min(int(np.ceil(x2)) + region_margin, w)] = True
+        region[
+            max(int(y1) - region_margin, 0) : min(int(np.ceil(y2)) + region_margin, h),
+            max(int(x1) - region_margin, 0) : min(int(np.ceil(x2)) + region_margin, w),
+        ] = True
         found = mask_box(mask & region)
         assert found is not None, f"no pixel of class {int(cls)} near its box {x1, y1, x2, y2}"
-        assert np.abs(found - (x1, y1, x2, y2)).max() <= tol, f"class {int(cls)}: box {[x1, y1, x2, y2]} but pixels span {found.tolist()}"
+        assert np.abs(found - (x1, y1, x2, y2)).max() <= tol, (
+            f"class {int(cls)}: box {[x1, y1, x2, y2]} but pixels span {found.tolist()}"
+        )
     if require_all_pixels:  # nothing coloured was left without a box
         for cls in set(int(c) for c in np.asarray(labels)[:, 0]):
             covered = np.zeros((h, w), bool)
             for c, x1, y1, x2, y2 in labels:
                 if int(c) == cls:
-                    covered[max(int(y1) - 2, 0) : int(np.ceil(y2)) + 2, max(int(x1) - 2, 0) : int(np.ceil(x2)) + 2] = True
+                    covered[max(int(y1) - 2, 0) : int(np.ceil(y2)) + 2, max(int(x1) - 2, 0) : int(np.ceil(x2)) + 2] = (
+                        True
+                    )
             assert not (colour_mask(img, cls) & ~covered).any()
 
 
@@ -143,7 +167,10 @@ def test_yaml_sources_folder_txt_list_and_lists_resolve_against_path(tmp_path):
     cfg_dir = tmp_path / "configs"
     cfg_dir.mkdir()
     # path relative to the yaml's own folder; names as a dict; nc given and consistent
-    (cfg_dir / "mine.yaml").write_text("path: ../sets/mine\ntrain: [images/train, images/extra]\nval: val.txt\nnc: 4\nnames: {0: a, 1: b, 2: c, 3: d}\n")
+    (cfg_dir / "mine.yaml").write_text(
+        "path: ../sets/mine\ntrain: [images/train, images/extra]\nval: val.txt\n"
+        "nc: 4\nnames: {0: a, 1: b, 2: c, 3: d}\n"
+    )
     cwd = os.getcwd()
     os.chdir(tmp_path / "sets")  # not the yaml's folder: path must not depend on the working directory
     try:
@@ -163,7 +190,9 @@ def test_yaml_sources_folder_txt_list_and_lists_resolve_against_path(tmp_path):
     finally:
         os.chdir(cwd)
     # names as a list, no nc: nc is its length
-    (cfg_dir / "list.yaml").write_text(f"path: {root}\ntrain: images/train\nval: images/train\nnames: [a, b, c, d, e]\n")
+    (cfg_dir / "list.yaml").write_text(
+        f"path: {root}\ntrain: images/train\nval: images/train\nnames: [a, b, c, d, e]\n"
+    )
     assert D.load_dataset_yaml(cfg_dir / "list.yaml")["nc"] == 5
 
 
@@ -176,7 +205,15 @@ def test_label_path_convention_and_background_images(tmp_path):
     records = D.load_verified([folder], nc=4, split_name="train")
     by_name = {Path(r["im"]).name: r for r in records}
     assert len(records) == 3 and by_name["no_label.png"]["labels"] == []
-    assert by_name["im1.png"]["labels"] == [[1, pytest.approx(1 / 3, abs=1e-5), pytest.approx(1 / 3, abs=1e-5), pytest.approx(2 / 3, abs=1e-5), pytest.approx(2 / 3, abs=1e-5)]]
+    assert by_name["im1.png"]["labels"] == [
+        [
+            1,
+            pytest.approx(1 / 3, abs=1e-5),
+            pytest.approx(1 / 3, abs=1e-5),
+            pytest.approx(2 / 3, abs=1e-5),
+            pytest.approx(2 / 3, abs=1e-5),
+        ]
+    ]
 
 
 def make_layout(dataset_root, image_folders, lists=()):
@@ -205,14 +242,22 @@ def test_ultralytics_yamls_load_unchanged(tmp_path, log_lines):
     data = D.load_dataset_yaml(repo / "data" / "coco.yaml")
     assert data["nc"] == 80 and data["names"][0] == "person" and data["names"][79] == "toothbrush"
     assert data["coco_json"] == coco.resolve() / "annotations" / "instances_val2017.json"
-    assert data["test"] == [] and any("test-dev2017.txt" in m for m in log_lines())  # optional, not downloaded: a warning
+    assert data["test"] == [] and any(
+        "test-dev2017.txt" in m for m in log_lines()
+    )  # optional, not downloaded: a warning
     assert len(D.load_verified(data["train"], data["nc"], "train")) == 2
     data = D.load_dataset_yaml(repo / "data" / "coco128.yaml")
-    assert data["nc"] == 80 and data["train"] == data["val"] == [repo.resolve() / "datasets" / "coco128" / "images" / "train2017"]
+    assert data["nc"] == 80 and data["train"] == data["val"] == [
+        repo.resolve() / "datasets" / "coco128" / "images" / "train2017"
+    ]
 
-    voc_names = "aeroplane bicycle bird boat bottle bus car cat chair cow diningtable dog horse motorbike person pottedplant sheep sofa train tvmonitor".split()
-    voc = textwrap.dedent(
-        """\
+    voc_names = (
+        "aeroplane bicycle bird boat bottle bus car cat chair cow diningtable dog horse motorbike person pottedplant "
+        "sheep sofa train tvmonitor"
+    ).split()
+    voc = (
+        textwrap.dedent(
+            """\
         # Ultralytics YOLO, VOC.yaml as users have it
         path: ../datasets/VOC
         train: # train images (relative to 'path')  16551 images
@@ -228,14 +273,17 @@ def test_ultralytics_yamls_load_unchanged(tmp_path, log_lines):
         # Classes
         names:
         """
-    ) + "".join(f"  {i}: {n}\n" for i, n in enumerate(voc_names)) + textwrap.dedent(
-        """
+        )
+        + "".join(f"  {i}: {n}\n" for i, n in enumerate(voc_names))
+        + textwrap.dedent(
+            """
         # Download script/URL (optional) ---------------------------------------------------------------
         download: |
           import xml.etree.ElementTree as ET
           from ultralytics.utils.downloads import download
           dir = Path(yaml['path'])  # dataset root dir
         """
+        )
     )
     (repo / "data" / "VOC.yaml").write_text(voc)
     make_layout(repo / "datasets" / "VOC", ["train2012", "train2007", "val2012", "val2007", "test2007"])
@@ -250,7 +298,10 @@ def test_ultralytics_yamls_load_unchanged(tmp_path, log_lines):
     [
         ("path: {root}\nval: images/train\nnames: [a]\n", "'train'"),  # missing key
         ("path: {root}\ntrain: images/train\nnames: [a]\n", "'val'"),
-        ("path: {root}\ntrain: images/nowhere\nval: images/train\nnames: [a]\n", "images/nowhere"),  # folder that does not exist
+        (
+            "path: {root}\ntrain: images/nowhere\nval: images/train\nnames: [a]\n",
+            "images/nowhere",
+        ),  # folder that does not exist
         ("path: {root}\ntrain: images/train\nval: [images/train, gone.txt]\nnames: [a]\n", "gone.txt"),
         ("path: {root}/missing_root\ntrain: images/train\nval: images/train\nnames: [a]\n", "'path'"),
         ("path: {root}\ntrain: images/train\nval: images/train\nnc: 3\nnames: [a, b]\n", "'nc'"),  # names/nc mismatch
@@ -322,7 +373,9 @@ def broken_dataset(root):
 
 def test_verification_reports_every_bad_file_and_keeps_the_good(tmp_path, log_lines):
     folder, expected = broken_dataset(tmp_path / "set")
-    (tmp_path / "set" / "list.txt").write_text("".join(f"images/train/{n}\n" for n in expected) + "images/train/vanished.jpg\n")
+    (tmp_path / "set" / "list.txt").write_text(
+        "".join(f"images/train/{n}\n" for n in expected) + "images/train/vanished.jpg\n"
+    )
     expected["vanished.jpg"] = "missing"
     for name, status in expected.items():
         assert D.verify_one(str(folder / name), nc=4)[0] == status, name
@@ -351,7 +404,10 @@ def test_verification_reports_every_bad_file_and_keeps_the_good(tmp_path, log_li
     # The totals line, and a warning that points at the log.
     messages = "\n".join(log_lines())
     n_bad = len(bad)
-    assert f"{len(expected)} found, 2 labelled, 2 background (1 without label file, 1 with an empty one), 1 missing, {n_bad - 1} corrupt" in messages
+    assert (
+        f"{len(expected)} found, 2 labelled, 2 background (1 without label file, 1 with an empty one), "
+        f"1 missing, {n_bad - 1} corrupt" in messages
+    )
     assert f"{n_bad} of {len(expected)} images excluded" in messages and str(log_files[0]) in messages
 
 
@@ -437,7 +493,9 @@ def test_read_only_dataset_folder_still_works(tmp_path, monkeypatch, log_lines):
 
 def test_users_files_are_never_modified(tmp_path):
     folder, _ = broken_dataset(tmp_path / "set")
-    before = hash_tree(tmp_path / "set" / "images") | {k: v for k, v in hash_tree(tmp_path / "set" / "labels").items() if k.endswith(".txt")}
+    before = hash_tree(tmp_path / "set" / "images") | {
+        k: v for k, v in hash_tree(tmp_path / "set" / "labels").items() if k.endswith(".txt")
+    }
     records = D.load_verified([folder], nc=4, split_name="train")
     dataset = D.TrainDataset(records, 64, HYP, seed=0)
     for i in range(len(dataset)):
@@ -445,7 +503,9 @@ def test_users_files_are_never_modified(tmp_path):
     val = D.ValDataset(records, 64, batch_size=2)
     for i in range(len(val)):
         val[i]
-    after = hash_tree(tmp_path / "set" / "images") | {k: v for k, v in hash_tree(tmp_path / "set" / "labels").items() if k.endswith(".txt")}
+    after = hash_tree(tmp_path / "set" / "images") | {
+        k: v for k, v in hash_tree(tmp_path / "set" / "labels").items() if k.endswith(".txt")
+    }
     assert after == before
 
 
@@ -495,9 +555,15 @@ def test_red_image_arrives_red_first_channel(tmp_path):
         dataset = D.TrainDataset(records, 64, hyp, seed=0)
         for i in range(4):
             image, _ = dataset[0, i]
-            assert image.dtype == torch.uint8 and image.shape == (3, 64, 64)  # uint8: train.py divides by 255 on the device
+            assert image.dtype == torch.uint8 and image.shape == (
+                3,
+                64,
+                64,
+            )  # uint8: train.py divides by 255 on the device
             pixels = image.reshape(3, -1).int()
-            coloured = pixels[:, pixels.max(0).values - pixels.min(0).values > 30]  # not the grey padding (HSV moves it too)
+            coloured = pixels[
+                :, pixels.max(0).values - pixels.min(0).values > 30
+            ]  # not the grey padding (HSV moves it too)
             assert coloured.shape[1] > 0.3 * pixels.shape[1]
             assert ((coloured[0] > coloured[1] + 30) & (coloured[0] > coloured[2] + 30)).all()
 
@@ -637,14 +703,19 @@ def test_sample_order_is_a_function_of_seed_and_epoch_and_ranks_split_it():
     assert take(D.EpochBatchSampler(10, 3, seed=6), 4) != batches[:4]
 
     for n, world in ((12, 3), (10, 4), (7, 2), (2, 5)):  # (2, 5): fewer images than ranks
-        slices = [[i for b in D.EpochBatchSampler(n, 2, seed=1, rank=r, world_size=world).batches(0) for _, i in b] for r in range(world)]
+        slices = [
+            [i for b in D.EpochBatchSampler(n, 2, seed=1, rank=r, world_size=world).batches(0) for _, i in b]
+            for r in range(world)
+        ]
         assert len({len(s) for s in slices}) == 1  # the same count on every rank: no rank waits at the end
         flat = [i for s in slices for i in s]
         assert set(flat) == set(range(n))  # covering
         assert len(flat) == -(-n // world) * world  # disjoint except the few repeats that even out the ranks
         if n % world == 0:
             assert len(set(flat)) == len(flat)
-        assert [len(D.EpochBatchSampler(n, 2, seed=1, rank=r, world_size=world)) for r in range(world)] == [-(-(-(-n // world)) // 2)] * world
+        assert [len(D.EpochBatchSampler(n, 2, seed=1, rank=r, world_size=world)) for r in range(world)] == [
+            -(-(-(-n // world)) // 2)
+        ] * world
 
 
 def loader_batches(dataset, sampler, workers, count):
@@ -673,7 +744,9 @@ def test_same_batches_with_0_1_and_2_workers_and_after_a_mid_epoch_restart(tmp_p
         resumed = loader_batches(dataset, D.EpochBatchSampler(6, 2, seed=7, skip_batches=k), 2 if k == 2 else 0, 5 - k)
         assert_same_batches(resumed, reference[k:])
     # Resuming at the start of epoch 1 is the same as skipping all of epoch 0.
-    assert take(D.EpochBatchSampler(6, 2, seed=7, start_epoch=1), 3) == take(D.EpochBatchSampler(6, 2, seed=7, skip_batches=3), 3)
+    assert take(D.EpochBatchSampler(6, 2, seed=7, start_epoch=1), 3) == take(
+        D.EpochBatchSampler(6, 2, seed=7, skip_batches=3), 3
+    )
     # A fresh dataset object (a restarted process) produces the same samples.
     again = D.TrainDataset(records, 64, dict(HYP, mixup=0.5), seed=7)
     assert torch.equal(again[1, 4][0], dataset[1, 4][0])
@@ -685,7 +758,8 @@ def test_same_batches_with_0_1_and_2_workers_and_after_a_mid_epoch_restart(tmp_p
 
 
 class WorkerSettings(torch.utils.data.Dataset):
-    """Reports, from inside the DataLoader worker, the settings pitfalls D6-D8 are about (file descriptors, cv2 threads, persistent workers)."""
+    """Reports, from inside the DataLoader worker, the settings pitfalls D6-D8 are about
+    (file descriptors, cv2 threads, persistent workers)."""
 
     def __len__(self):
         return 4
@@ -701,7 +775,9 @@ class WorkerSettings(torch.utils.data.Dataset):
 def test_workers_have_cv2_threads_off_opencl_off_file_limit_raised_and_persist():
     cv2.setNumThreads(3)  # as if the main process had not called the fix: the worker must apply it itself
     try:
-        assert D.make_loader(WorkerSettings(), batch_size=2, workers=0, pin_memory=True).pin_memory  # train.py: True on CUDA
+        assert D.make_loader(
+            WorkerSettings(), batch_size=2, workers=0, pin_memory=True
+        ).pin_memory  # train.py: True on CUDA
         loader = D.make_loader(WorkerSettings(), batch_size=2, workers=2)
         assert loader.persistent_workers
         pids = set()
@@ -768,8 +844,12 @@ def test_validation_rectangular_batches_map_back_to_original_pixels(tmp_path):
 def test_shapes_set_is_deterministic_and_generated_on_first_use(tmp_path):
     a = make_shapes(tmp_path / "a", n_train=3, n_val=2, seed=11, size=96)
     b = make_shapes(tmp_path / "b", n_train=3, n_val=2, seed=11, size=96)
-    files_a = {str(p.relative_to(a)): p.read_bytes() for p in a.rglob("*") if p.is_file() and not p.name.startswith(".")}
-    files_b = {str(p.relative_to(b)): p.read_bytes() for p in b.rglob("*") if p.is_file() and not p.name.startswith(".")}
+    files_a = {
+        str(p.relative_to(a)): p.read_bytes() for p in a.rglob("*") if p.is_file() and not p.name.startswith(".")
+    }
+    files_b = {
+        str(p.relative_to(b)): p.read_bytes() for p in b.rglob("*") if p.is_file() and not p.name.startswith(".")
+    }
     assert len([f for f in files_a if f.endswith(".jpg")]) == 5 and files_a == files_b
     c = make_shapes(tmp_path / "c", n_train=3, n_val=2, seed=12, size=96)
     assert (c / "images" / "train" / "train_00000.jpg").read_bytes() != files_a["images/train/train_00000.jpg"]
@@ -820,19 +900,45 @@ def test_coco_to_yolo_to_coco_round_trip(tmp_path):
     for name, (w, h) in sizes.items():
         write_image(root / "images" / "val" / name, w, h)
     coco = {
-        "images": [{"id": 10 + k, "file_name": n, "width": w, "height": h} for k, (n, (w, h)) in enumerate(sizes.items())],
-        "categories": [{"id": 3, "name": "cat"}, {"id": 1, "name": "dog"}, {"id": 7, "name": "fox"}],  # ids with gaps, unsorted
+        "images": [
+            {"id": 10 + k, "file_name": n, "width": w, "height": h} for k, (n, (w, h)) in enumerate(sizes.items())
+        ],
+        "categories": [
+            {"id": 3, "name": "cat"},
+            {"id": 1, "name": "dog"},
+            {"id": 7, "name": "fox"},
+        ],  # ids with gaps, unsorted
         "annotations": [
             {"id": 1, "image_id": 10, "category_id": 1, "bbox": [4.0, 6.0, 20.0, 10.0], "area": 200.0, "iscrowd": 0},
-            {"id": 2, "image_id": 10, "category_id": 7, "bbox": [30.5, 20.25, 33.5, 27.75], "area": 929.6, "iscrowd": 0},
+            {
+                "id": 2,
+                "image_id": 10,
+                "category_id": 7,
+                "bbox": [30.5, 20.25, 33.5, 27.75],
+                "area": 929.6,
+                "iscrowd": 0,
+            },
             {"id": 3, "image_id": 11, "category_id": 3, "bbox": [0.0, 0.0, 50.0, 70.0], "area": 3500.0, "iscrowd": 0},
-            {"id": 4, "image_id": 11, "category_id": 1, "bbox": [5.0, 5.0, 10.0, 10.0], "area": 100.0, "iscrowd": 1},  # crowd: skipped
+            {
+                "id": 4,
+                "image_id": 11,
+                "category_id": 1,
+                "bbox": [5.0, 5.0, 10.0, 10.0],
+                "area": 100.0,
+                "iscrowd": 1,
+            },  # crowd: skipped
         ],  # c.jpg has no object: a background image, no label file
     }
     (root / "annotations").mkdir()
     (root / "annotations" / "instances_val.json").write_text(json.dumps(coco))
     env = dict(os.environ, PYTHONPATH="")
-    run = subprocess.run([sys.executable, str(REPO / "data" / "coco2yolo.py"), str(root / "annotations" / "instances_val.json")], capture_output=True, text=True, cwd=tmp_path, env=env)
+    run = subprocess.run(
+        [sys.executable, str(REPO / "data" / "coco2yolo.py"), str(root / "annotations" / "instances_val.json")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr
     assert "0: dog" in run.stdout and "2: fox" in run.stdout
     assert sorted(p.name for p in (root / "labels" / "val").glob("*.txt")) == ["a.txt", "b.txt"]
@@ -840,7 +946,8 @@ def test_coco_to_yolo_to_coco_round_trip(tmp_path):
 
     out = tmp_path / "back.json"
     run = subprocess.run(
-        [sys.executable, str(REPO / "data" / "yolo2coco.py"), "--images", str(root / "images" / "val"), "--names", "dog", "cat", "fox", "--out", str(out)],
+        [sys.executable, str(REPO / "data" / "yolo2coco.py"), "--images", str(root / "images" / "val"),
+         "--names", "dog", "cat", "fox", "--out", str(out)],
         capture_output=True, text=True, cwd=tmp_path, env=env,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
@@ -853,9 +960,15 @@ def test_coco_to_yolo_to_coco_round_trip(tmp_path):
     assert all((im["width"], im["height"]) == sizes[im["file_name"]] for im in back["images"])
     got = sorted((file_by_id[a["image_id"]], names_by_id[a["category_id"]], *a["bbox"]) for a in back["annotations"])
     orig_file = {im["id"]: im["file_name"] for im in coco["images"]}
-    want = sorted((orig_file[a["image_id"]], original_names[a["category_id"]], *a["bbox"]) for a in coco["annotations"] if not a["iscrowd"])
+    want = sorted(
+        (orig_file[a["image_id"]], original_names[a["category_id"]], *a["bbox"])
+        for a in coco["annotations"]
+        if not a["iscrowd"]
+    )
     assert [g[:2] for g in got] == [w[:2] for w in want]
-    assert np.abs(np.array([g[2:] for g in got]) - np.array([w[2:] for w in want])).max() < 0.05  # 6 decimals of normalised coords
+    assert (
+        np.abs(np.array([g[2:] for g in got]) - np.array([w[2:] for w in want])).max() < 0.05
+    )  # 6 decimals of normalised coords
 
     from pycocotools.coco import COCO  # what evaluation uses must read it
 
@@ -866,7 +979,9 @@ def test_coco_to_yolo_clips_boxes_that_poke_out(tmp_path):
     coco = {
         "images": [{"id": 1, "file_name": "x.jpg", "width": 100, "height": 50}],
         "categories": [{"id": 1, "name": "thing"}],
-        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [-1.5, 10, 102, 41], "area": 1.0, "iscrowd": 0}],
+        "annotations": [
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [-1.5, 10, 102, 41], "area": 1.0, "iscrowd": 0}
+        ],
     }
     (tmp_path / "c.json").write_text(json.dumps(coco))
     coco_to_yolo(tmp_path / "c.json", tmp_path / "labels")

@@ -15,10 +15,10 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from test_export import make_checkpoint, one_thread, scene  # noqa: F401 (one_thread: autouse fixture)
 
 import detect
 import export
-from test_export import make_checkpoint, one_thread, scene  # noqa: F401 (one_thread: autouse fixture)
 from utils.inference import compare_detections
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +54,19 @@ def predictions(out):
 def test_same_detections_with_pt_onnx_torchscript(weights, images, tmp_path):
     results = {}
     for suffix in (".pt", ".onnx", ".torchscript"):
-        out = detect.main(["--weights", str(weights.with_suffix(suffix)), "--source", str(images), "--conf", CONF, "--save-json", "--out", str(tmp_path / suffix[1:])])
+        out = detect.main(
+            [
+                "--weights",
+                str(weights.with_suffix(suffix)),
+                "--source",
+                str(images),
+                "--conf",
+                CONF,
+                "--save-json",
+                "--out",
+                str(tmp_path / suffix[1:]),
+            ]
+        )
         results[suffix] = predictions(out)
     reference = results[".pt"]
     assert sorted(reference) == [0, 1, 2] and all(len(d) > 0 for d in reference.values())
@@ -73,12 +85,30 @@ def test_folder_with_corrupt_image_cli(weights, images, tmp_path):
     (folder / "corrupt.jpg").write_bytes(b"\xff\xd8 this is not a jpeg" * 20)
     out = tmp_path / "out"
     done = subprocess.run(
-        [sys.executable, "detect.py", "--weights", str(weights.with_suffix(".onnx")), "--source", str(folder), "--conf", CONF, "--save-txt", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        [
+            sys.executable,
+            "detect.py",
+            "--weights",
+            str(weights.with_suffix(".onnx")),
+            "--source",
+            str(folder),
+            "--conf",
+            CONF,
+            "--save-txt",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out.glob("*.png")) == ["0.png", "1.png", "2.png"]
-    assert "corrupt.jpg: cannot be read as an image, skipped" in done.stdout and "skipped 1 unreadable file" in done.stdout
+    assert (
+        "corrupt.jpg: cannot be read as an image, skipped" in done.stdout and "skipped 1 unreadable file" in done.stdout
+    )
     assert "speed per image" in done.stdout and "ms inference" in done.stdout
     rows = np.loadtxt(out / "labels" / "1.txt", ndmin=2)
     assert rows.shape[1] == 6 and len(rows) > 0
@@ -92,7 +122,19 @@ def test_video(weights, tmp_path):
     for k in range(10):
         writer.write(cv2.cvtColor(scene(k, 64, 96), cv2.COLOR_RGB2BGR))
     writer.release()
-    out = detect.main(["--weights", str(weights), "--source", str(video), "--conf", CONF, "--save-txt", "--out", str(tmp_path / "out")])
+    out = detect.main(
+        [
+            "--weights",
+            str(weights),
+            "--source",
+            str(video),
+            "--conf",
+            CONF,
+            "--save-txt",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     capture = cv2.VideoCapture(str(out / "clip.mp4"))
     frames = 0
     while capture.read()[0]:
@@ -107,8 +149,23 @@ def test_sources_and_fixed_size_onnx(weights, images, tmp_path):
     export.main(["--weights", str(fixed), "--onnx", "--runs", "1"])  # 64x64 only
     listing = tmp_path / "list.txt"
     listing.write_text(f"{images / '0.png'}\n{images / '2.png'}\n")
-    for source, expected in [(listing, ["0.png", "2.png"]), (f"{images}/[01].png", ["0.png", "1.png"]), (images / "1.png", ["1.png"])]:
-        out = detect.main(["--weights", str(fixed.with_suffix(".onnx")), "--source", str(source), "--imgsz", "128", "--out", str(tmp_path / f"out{len(expected)}{expected[-1]}")])
+    for source, expected in [
+        (listing, ["0.png", "2.png"]),
+        (f"{images}/[01].png", ["0.png", "1.png"]),
+        (images / "1.png", ["1.png"]),
+    ]:
+        out = detect.main(
+            [
+                "--weights",
+                str(fixed.with_suffix(".onnx")),
+                "--source",
+                str(source),
+                "--imgsz",
+                "128",
+                "--out",
+                str(tmp_path / f"out{len(expected)}{expected[-1]}"),
+            ]
+        )
         assert sorted(p.name for p in out.glob("*.png")) == expected
 
 

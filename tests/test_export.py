@@ -45,7 +45,9 @@ def scene(seed, h=64, w=64):
     for _ in range(4):
         colour = tuple(int(c) for c in rng.integers(0, 256, 3))
         x, y, r = int(rng.integers(0, w)), int(rng.integers(0, h)), int(rng.integers(4, max(h, w) // 3))
-        cv2.rectangle(img, (x - r, y - r), (x + r, y + r), colour, -1) if seed % 2 else cv2.circle(img, (x, y), r, colour, -1)
+        cv2.rectangle(img, (x - r, y - r), (x + r, y + r), colour, -1) if seed % 2 else cv2.circle(
+            img, (x, y), r, colour, -1
+        )
     return img
 
 
@@ -62,7 +64,17 @@ def make_checkpoint(path, imgsz=64):
             model(batch_of(range(10 * k, 10 * k + 4), h, w))
     for branch in model.head.cls:
         torch.nn.init.constant_(branch[-1].bias, 0.0)
-    save_checkpoint({"format": FORMAT, "scale": "n", "nc": 3, "names": ["ring", "box", "blob"], "imgsz": imgsz, "model": model.state_dict()}, path)
+    save_checkpoint(
+        {
+            "format": FORMAT,
+            "scale": "n",
+            "nc": 3,
+            "names": ["ring", "box", "blob"],
+            "imgsz": imgsz,
+            "model": model.state_dict(),
+        },
+        path,
+    )
     return path
 
 
@@ -72,7 +84,20 @@ def exported(tmp_path_factory):
     folder = tmp_path_factory.mktemp("export")
     weights = make_checkpoint(folder / "best.pt")
     cv2.imwrite(str(folder / "check.jpg"), cv2.cvtColor(scene(1), cv2.COLOR_RGB2BGR))
-    export.main(["--weights", str(weights), "--onnx", "--torchscript", "--runs", "1", "--conf", str(CONF), "--source", str(folder / "check.jpg")])
+    export.main(
+        [
+            "--weights",
+            str(weights),
+            "--onnx",
+            "--torchscript",
+            "--runs",
+            "1",
+            "--conf",
+            str(CONF),
+            "--source",
+            str(folder / "check.jpg"),
+        ]
+    )
     return weights
 
 
@@ -88,7 +113,12 @@ def batch_of(seeds, h, w):
 def test_exported_file_matches_pytorch(exported, suffix):
     path = exported.with_suffix(suffix)
     model, other = pytorch_model(exported), load_exported(path)
-    assert other["names"] == ["ring", "box", "blob"] and other["imgsz"] == (64, 64) and other["stride"] == 32 and other["nms"] is None
+    assert (
+        other["names"] == ["ring", "box", "blob"]
+        and other["imgsz"] == (64, 64)
+        and other["stride"] == 32
+        and other["nms"] is None
+    )
     x = batch_of([2], 64, 64)  # an image the check in export.py did not see
     with torch.no_grad():
         raw = model(x)
@@ -112,7 +142,21 @@ def test_nms_graph_matches_python_nms_with_dynamic_shapes(exported, tmp_path):
     weights = tmp_path / "nms.pt"
     weights.write_bytes(exported.read_bytes())
     max_det = 8  # small, so that the cap is exercised
-    export.main(["--weights", str(weights), "--onnx", "--nms", "--dynamic", "--max-det", str(max_det), "--conf", str(CONF), "--runs", "1"])
+    export.main(
+        [
+            "--weights",
+            str(weights),
+            "--onnx",
+            "--nms",
+            "--dynamic",
+            "--max-det",
+            str(max_det),
+            "--conf",
+            str(CONF),
+            "--runs",
+            "1",
+        ]
+    )
     graph = onnx.load(str(weights.with_suffix(".onnx")))
     assert "NonMaxSuppression" in {node.op_type for node in graph.graph.node}
     model, other = pytorch_model(weights), load_exported(weights.with_suffix(".onnx"))
@@ -124,7 +168,7 @@ def test_nms_graph_matches_python_nms_with_dynamic_shapes(exported, tmp_path):
         assert out.shape == (len(seeds), max_det, 6)
         for ref, rows in zip(reference, out):
             found = rows[rows[:, 4] > 0]
-            assert len(found) == len(ref) > 0 and (rows[len(found):] == 0).all()  # best first, zero padding after
+            assert len(found) == len(ref) > 0 and (rows[len(found) :] == 0).all()  # best first, zero padding after
             boxes, scores, unmatched = compare_detections(ref, found, CONF)
             assert unmatched == 0 and boxes < 1e-2 and scores < 1e-4  # boxes reach ~200 px
     # No box above the threshold at all: an empty selection must run, not crash.
@@ -165,20 +209,46 @@ def test_disagreement_exits_non_zero(exported, tmp_path, monkeypatch):
 def test_cli(exported, tmp_path):
     weights = tmp_path / "cli.pt"
     weights.write_bytes(exported.read_bytes())
-    done = subprocess.run([sys.executable, "export.py", "--weights", str(weights), "--runs", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [sys.executable, "export.py", "--weights", str(weights), "--runs", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr
     assert weights.with_suffix(".onnx").exists() and "max |diff|" in done.stdout and "median" in done.stdout
     foreign = tmp_path / "foreign.pt"
     torch.save({"state_dict": {"w": torch.zeros(2)}}, foreign)
-    done = subprocess.run([sys.executable, "export.py", "--weights", str(foreign)], cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode != 0 and done.stderr.strip().splitlines() == [f"error: {foreign} is not a checkpoint of this repo (no '{FORMAT}' format tag); train one with train.py"]
+    done = subprocess.run(
+        [sys.executable, "export.py", "--weights", str(foreign)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode != 0 and done.stderr.strip().splitlines() == [
+        f"error: {foreign} is not a checkpoint of this repo (no '{FORMAT}' format tag); train one with train.py"
+    ]
 
 
 def test_bad_checkpoints_get_one_sentence(exported, tmp_path):
     broken = tmp_path / "broken.pt"
     broken.write_bytes(b"not a checkpoint at all" * 10)
     wrong = tmp_path / "wrong.pt"  # our tag, but the weights do not fit the model it names
-    save_checkpoint({"format": FORMAT, "scale": "n", "nc": 5, "names": list("abcde"), "imgsz": 64, "model": torch.load(exported, weights_only=True)["model"]}, wrong)
+    save_checkpoint(
+        {
+            "format": FORMAT,
+            "scale": "n",
+            "nc": 5,
+            "names": list("abcde"),
+            "imgsz": 64,
+            "model": torch.load(exported, weights_only=True)["model"],
+        },
+        wrong,
+    )
     for path in (broken, wrong, tmp_path / "missing.pt"):
         with pytest.raises(SystemExit) as exit_info:
             export.main(["--weights", str(path), "--onnx"])

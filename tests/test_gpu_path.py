@@ -24,7 +24,9 @@ def random_batch(seed, nc, imgsz=640, b=2, reg_max=16):
     rows = []
     for image in range(b):
         n = int(torch.randint(1, 12, (1,), generator=g))
-        sizes = torch.exp(torch.empty(n, 2).uniform_(np.log(4), np.log(imgsz), generator=g))  # log-uniform, 4 px .. imgsz
+        sizes = torch.exp(
+            torch.empty(n, 2).uniform_(np.log(4), np.log(imgsz), generator=g)
+        )  # log-uniform, 4 px .. imgsz
         x1y1 = torch.rand(n, 2, generator=g) * (imgsz - sizes)
         classes = torch.randint(0, nc, (n, 1), generator=g).float()
         classes[0] = nc - 1  # the highest class id always occurs
@@ -50,7 +52,11 @@ def test_loss_of_half_precision_maps_is_finite_and_equals_fp32(dtype):
         assert loss.dtype == torch.float32 and torch.isfinite(loss) and torch.isfinite(parts).all(), seed
         assert torch.isfinite(in_autocast) and in_autocast.dtype == torch.float32
         for value in (loss, in_autocast):
-            assert abs(value.item() - reference.item()) <= 0.01 * abs(reference.item()), (seed, value.item(), reference.item())
+            assert abs(value.item() - reference.item()) <= 0.01 * abs(reference.item()), (
+                seed,
+                value.item(),
+                reference.item(),
+            )
 
 
 def test_loss_gradient_flows_back_to_half_precision_maps():
@@ -60,7 +66,9 @@ def test_loss_gradient_flows_back_to_half_precision_maps():
     half = [m.to(torch.bfloat16).requires_grad_() for m in maps]
     loss, _ = loss_fn(half, targets)
     loss.backward()
-    assert all(m.grad is not None and m.grad.dtype == torch.bfloat16 and torch.isfinite(m.grad.float()).all() for m in half)
+    assert all(
+        m.grad is not None and m.grad.dtype == torch.bfloat16 and torch.isfinite(m.grad.float()).all() for m in half
+    )
 
 
 @pytest.mark.parametrize("imgsz", range(320, 641, 32))
@@ -116,7 +124,10 @@ def test_an_image_with_150_objects_can_reach_recall_1():
     boxes = np.concatenate((xy, rng.uniform(10, 90, (150, 2))), 1).round(1).tolist()
     gt = {
         "images": [{"id": 1, "width": 1000, "height": 1000}],
-        "annotations": [{"id": k + 1, "image_id": 1, "category_id": 0, "bbox": b, "area": b[2] * b[3], "iscrowd": 0} for k, b in enumerate(boxes)],
+        "annotations": [
+            {"id": k + 1, "image_id": 1, "category_id": 0, "bbox": b, "area": b[2] * b[3], "iscrowd": 0}
+            for k, b in enumerate(boxes)
+        ],
         "categories": [{"id": 0, "name": "thing"}],
     }
     detections = [{"image_id": 1, "category_id": 0, "bbox": b, "score": 1 - k / 1000} for k, b in enumerate(boxes)]

@@ -110,7 +110,9 @@ def test_assigner_on_cpu_equals_assigner_on_original_device(device):
     gt_mask = torch.ones(b, n, 1, dtype=torch.bool)
     gt_mask[1, 3:] = False
     scores = torch.rand(b, len(anchors), nc)
-    pred = torch.cat((anchors - 10 * torch.rand(len(anchors), 2), anchors + 10 * torch.rand(len(anchors), 2)), 1).expand(b, -1, -1)
+    pred = torch.cat(
+        (anchors - 10 * torch.rand(len(anchors), 2), anchors + 10 * torch.rand(len(anchors), 2)), 1
+    ).expand(b, -1, -1)
     args = [t.to(device) for t in (scores, pred, anchors, gt_labels, gt_boxes, gt_mask)]
     here = assign_targets(*args)
     on_cpu = assign_targets(*args, device="cpu")
@@ -146,7 +148,13 @@ def test_loss_is_normalised_per_image_and_per_box():
     loss_fn = DetectionLoss(model.head)
     image = torch.rand(1, 3, 128, 128)
     # enough boxes that the soft targets sum past 1 (below that the normaliser is clamped at 1, as in YOLOv8)
-    box = torch.tensor([[0, k % 2, x, y, x + 30, y + 36] for k, (x, y) in enumerate([(4, 4), (60, 8), (20, 70), (80, 80), (40, 40), (90, 30)])], dtype=torch.float32)
+    box = torch.tensor(
+        [
+            [0, k % 2, x, y, x + 30, y + 36]
+            for k, (x, y) in enumerate([(4, 4), (60, 8), (20, 70), (80, 80), (40, 40), (90, 30)])
+        ],
+        dtype=torch.float32,
+    )
     with torch.no_grad():
         maps_one = model.head.train()([f for f in _features(model, image)])
         maps_two = model.head.train()([f for f in _features(model, image.expand(2, -1, -1, -1))])
@@ -156,7 +164,9 @@ def test_loss_is_normalised_per_image_and_per_box():
         assert torch.allclose(parts_one, parts_two, atol=1e-5)
         assert torch.allclose(total_two, 2 * total_one, atol=1e-4)
         # 100 boxes: the box terms are weighted means over assigned anchors, so they stay bounded
-        many = torch.tensor([[0, 0, x, y, x + 12, y + 12] for x in range(0, 120, 12) for y in range(0, 120, 12)], dtype=torch.float32)
+        many = torch.tensor(
+            [[0, 0, x, y, x + 12, y + 12] for x in range(0, 120, 12) for y in range(0, 120, 12)], dtype=torch.float32
+        )
         _, parts_many = loss_fn(maps_one, many)
     assert parts_many[0] <= 2 * 7.5 and parts_many[2] <= 1.5 * 4  # CIoU loss <= 2 per box; DFL a few nats
 
@@ -172,7 +182,16 @@ def _features(model, x):
 
 def test_nms_same_class_keeps_higher_score_and_different_classes_keep_both():
     # prediction rows: x1 y1 x2 y2, then 2 class scores
-    pred = torch.tensor([[[10.0, 10, 50, 50, 0.9, 0.0], [12, 12, 52, 52, 0.6, 0.0], [11, 11, 51, 51, 0.0, 0.8], [200, 200, 220, 220, 0.1, 0.0]]])
+    pred = torch.tensor(
+        [
+            [
+                [10.0, 10, 50, 50, 0.9, 0.0],
+                [12, 12, 52, 52, 0.6, 0.0],
+                [11, 11, 51, 51, 0.0, 0.8],
+                [200, 200, 220, 220, 0.1, 0.0],
+            ]
+        ]
+    )
     (det,) = non_max_suppression(pred, conf=0.25, iou=0.5)
     assert det.shape == (2, 6)
     assert torch.allclose(det[:, 4], torch.tensor([0.9, 0.8]))

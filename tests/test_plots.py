@@ -47,7 +47,11 @@ def test_box_lands_where_the_target_says(tmp_path):
 
 def test_class_colours_are_the_same_in_every_call(tmp_path):
     a = read(plot_batch(black(2), torch.tensor([[1, 3, 50, 50, 150, 150]]), NAMES, tmp_path / "a.jpg"))
-    b = read(plot_batch(black(), torch.tensor([[0, 3, 150, 100, 300, 250], [0, 4, 10, 200, 60, 300]]), NAMES, tmp_path / "b.jpg"))
+    b = read(
+        plot_batch(
+            black(), torch.tensor([[0, 3, 150, 100, 300, 250], [0, 4, 10, 200, 60, 300]]), NAMES, tmp_path / "b.jpg"
+        )
+    )
     tile_x = a.shape[1] - 320  # image 1 is the second tile of the first row
     edge_a, edge_b, other = a[100, tile_x + 50], b[175, 150], b[250, 10]
     assert close(edge_a, colour(3), 40) and close(edge_b, colour(3), 40)
@@ -68,7 +72,9 @@ def test_many_classes_images_and_no_boxes_do_not_crash(tmp_path):
     names = [f"class{k}" for k in range(365)]
     rng = np.random.default_rng(0)
     images = torch.from_numpy(rng.integers(0, 255, (64, 3, 64, 96), dtype=np.uint8))  # H != W
-    targets = torch.tensor([[i, k, 5, 5, 60, 40] for i, k in zip(range(64), rng.integers(0, 365, 64))], dtype=torch.float32)
+    targets = torch.tensor(
+        [[i, k, 5, 5, 60, 40] for i, k in zip(range(64), rng.integers(0, 365, 64))], dtype=torch.float32
+    )
     img = read(plot_batch(images, targets, names, tmp_path / "many.jpg", max_images=64))
     assert 1000 <= img.shape[1] <= 1920 and img.shape[0] < img.shape[1]  # 8x8 tiles wider than tall, within 1920
     img = read(plot_batch(images[:3], torch.zeros((0, 6)), names, tmp_path / "none.jpg"))  # images without any box
@@ -93,7 +99,13 @@ def test_confidence_curves_return_where_mean_f1_peaks(tmp_path):
     f1 = np.stack([np.exp(-((grid - 0.3) ** 2) / 0.05), np.exp(-((grid - 0.5) ** 2) / 0.05), np.ones(1000)])
     f1[2, :] = 0
     f1[2, 900] = 50  # a class without ground truth must not move the operating point
-    curves = {"confidence": grid, "precision": np.clip(f1, 0, 1), "recall": np.clip(f1, 0, 1), "f1": f1, "n_gt": np.array([4, 2, 0])}
+    curves = {
+        "confidence": grid,
+        "precision": np.clip(f1, 0, 1),
+        "recall": np.clip(f1, 0, 1),
+        "f1": f1,
+        "n_gt": np.array([4, 2, 0]),
+    }
     best = plot_confidence_curves(curves, NAMES[:3], tmp_path)
     assert isinstance(best, float) and abs(best - 0.4) < 0.002  # the mean of two bumps at 0.3 and 0.5 peaks midway
     for name in ("F1_curve.png", "P_curve.png", "R_curve.png"):

@@ -1,4 +1,5 @@
 """Tests for sweep.py. Commands are tiny python scripts instead of training runs."""
+
 import csv
 import json
 import os
@@ -61,8 +62,9 @@ def write_spec(tmp_path, spec, *grids, name="spec.yaml"):
 
 
 def sweep(tmp_path, *args, timeout=60):
-    return subprocess.run([sys.executable, str(SWEEP), *map(str, args)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(SWEEP), *map(str, args)], cwd=tmp_path, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def read(path):
@@ -81,12 +83,15 @@ def alive(pid):
 
 
 def test_grid_runs_concurrently_on_workers(tmp_path):
-    spec = write_spec(tmp_path, {
-        "template": {"train": job("train", "lr={lr} gpus={_gpus} name={_name} sleep=1"),
-                     "val": job("val")},
-        "default": {"lr": 0.01, "mosaic": 0.5},
-        "resource": ["cpu", "0,1"],
-    }, {"lr": [0.1, 0.2], "mosaic": [0.0, 1]})
+    spec = write_spec(
+        tmp_path,
+        {
+            "template": {"train": job("train", "lr={lr} gpus={_gpus} name={_name} sleep=1"), "val": job("val")},
+            "default": {"lr": 0.01, "mosaic": 0.5},
+            "resource": ["cpu", "0,1"],
+        },
+        {"lr": [0.1, 0.2], "mosaic": [0.0, 1]},
+    )
     r = sweep(tmp_path, spec)
     assert r.returncode == 0, r.stderr
     out = tmp_path / "out"
@@ -115,11 +120,15 @@ def test_grid_runs_concurrently_on_workers(tmp_path):
 
 
 def test_failure_stops_only_that_experiment(tmp_path):
-    spec = write_spec(tmp_path, {
-        "template": {"train": job("train", "[fail]"), "val": job("val")},
-        "default": {"fail": False},
-        "resource": ["cpu"],
-    }, {"fail": [False, True]})
+    spec = write_spec(
+        tmp_path,
+        {
+            "template": {"train": job("train", "[fail]"), "val": job("val")},
+            "default": {"fail": False},
+            "resource": ["cpu"],
+        },
+        {"fail": [False, True]},
+    )
     r = sweep(tmp_path, spec)
     assert r.returncode == 1
     bad, good = tmp_path / "out" / "Fail_True", tmp_path / "out" / "default"
@@ -132,11 +141,15 @@ def test_failure_stops_only_that_experiment(tmp_path):
 
 
 def test_rerun_skips_successes_and_retries_failures(tmp_path):
-    spec = write_spec(tmp_path, {
-        "template": {"train": job("train"), "val": job("val", "need={marker}")},
-        "default": {"marker": "marker", "lr": 1},
-        "resource": ["cpu", "cpu"],
-    }, {"lr": [1, 2]})
+    spec = write_spec(
+        tmp_path,
+        {
+            "template": {"train": job("train"), "val": job("val", "need={marker}")},
+            "default": {"marker": "marker", "lr": 1},
+            "resource": ["cpu", "cpu"],
+        },
+        {"lr": [1, 2]},
+    )
     out = tmp_path / "out"
     assert sweep(tmp_path, spec).returncode == 1
     assert read(out / "Lr_2" / "stat")["val"]["status"] == "fail"
@@ -158,13 +171,18 @@ def test_rerun_skips_successes_and_retries_failures(tmp_path):
 
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_kills_every_child(tmp_path, signum, code):
-    spec = write_spec(tmp_path, {
-        "template": {"train": job("train", "sleep=30 child=1"), "val": job("val")},
-        "default": {"lr": 1},
-        "resource": ["cpu", "cpu"],
-    }, {"lr": [1, 2, 3]})
-    proc = subprocess.Popen([sys.executable, str(SWEEP), spec], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    spec = write_spec(
+        tmp_path,
+        {
+            "template": {"train": job("train", "sleep=30 child=1"), "val": job("val")},
+            "default": {"lr": 1},
+            "resource": ["cpu", "cpu"],
+        },
+        {"lr": [1, 2, 3]},
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(SWEEP), spec], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     pidfiles = [tmp_path / "out" / name / "train.pid" for name in ("default", "Lr_2")]
     pids = []
     try:
@@ -192,11 +210,16 @@ def test_signal_kills_every_child(tmp_path, signum, code):
 
 
 def test_table_sorted_by_metric(tmp_path):
-    spec = write_spec(tmp_path, {
-        "template": {"train": job("train", "map={map}")},
-        "default": {"map": 0.3, "lr": 0.01},
-        "resource": ["cpu", "cpu"],
-    }, {"map": [0.2, 0.4], "lr": 0.02}, {"map": 0.3})
+    spec = write_spec(
+        tmp_path,
+        {
+            "template": {"train": job("train", "map={map}")},
+            "default": {"map": 0.3, "lr": 0.01},
+            "resource": ["cpu", "cpu"],
+        },
+        {"map": [0.2, 0.4], "lr": 0.02},
+        {"map": 0.3},
+    )
     assert sweep(tmp_path, spec).returncode == 0
     r = sweep(tmp_path, "table", "out", "--sort", "mAP50-95", "--csv", "t.csv")
     assert r.returncode == 0, r.stderr
@@ -215,15 +238,21 @@ def test_table_sorted_by_metric(tmp_path):
 
 
 def test_dry_run_renders_and_runs_nothing(tmp_path):
-    spec = write_spec(tmp_path, {
-        "template": {"train": "python train.py --lr0 {lr0} [resume] [weights] [cos] --out {_output}/train",
-                     "val": "python val.py --gpus {_gpus} --out ${HOME}/{_name}"},
-        "default": {"lr0": 0.01, "resume": None, "weights": None, "cos": False},
-        "resource": ["cpu"],
-        "alias": {"lr0": {"high": {"cos": True}}},
-    }, {"resume": [None, "last.pt"], "note": "fix"},
-       {"_title": "b", "_cmd": ["train"], "resume": "last.pt", "note": "fix"},  # same experiment again
-       {"_title": "c", "lr0": ["high", 0.01]})
+    spec = write_spec(
+        tmp_path,
+        {
+            "template": {
+                "train": "python train.py --lr0 {lr0} [resume] [weights] [cos] --out {_output}/train",
+                "val": "python val.py --gpus {_gpus} --out ${HOME}/{_name}",
+            },
+            "default": {"lr0": 0.01, "resume": None, "weights": None, "cos": False},
+            "resource": ["cpu"],
+            "alias": {"lr0": {"high": {"cos": True}}},
+        },
+        {"resume": [None, "last.pt"], "note": "fix"},
+        {"_title": "b", "_cmd": ["train"], "resume": "last.pt", "note": "fix"},  # same experiment again
+        {"_title": "c", "lr0": ["high", 0.01]},
+    )
     r = sweep(tmp_path, spec, "--dry-run")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -238,12 +267,19 @@ def test_dry_run_renders_and_runs_nothing(tmp_path):
     r = sweep(tmp_path, spec, "--dry-run", "-t", "c", "-r", "0", "1,2", "-c", "val")
     assert r.returncode == 0, r.stderr
     assert [x for x in r.stdout.splitlines() if x.startswith("python")] == [
-        "python val.py --gpus 0 --out ${HOME}/Lr0_high", "python val.py --gpus 1,2 --out ${HOME}/default"]
+        "python val.py --gpus 0 --out ${HOME}/Lr0_high",
+        "python val.py --gpus 1,2 --out ${HOME}/default",
+    ]
 
 
 def test_example_spec():
-    r = subprocess.run([sys.executable, str(SWEEP), "data/sweep_shapes.yaml", "--dry-run"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, str(SWEEP), "data/sweep_shapes.yaml", "--dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     commands = [x for x in r.stdout.splitlines() if x.startswith("python")]
     assert len(commands) == 8
@@ -254,22 +290,25 @@ def test_example_spec():
 BASE = {"template": {"train": "echo {lr}"}, "default": {"lr": 1}, "resource": ["cpu"]}
 
 
-@pytest.mark.parametrize("spec,grids,args,culprit", [
-    ({**BASE, "template": {"train": "echo {lr} {lr1}"}}, [], [], "lr1"),
-    (BASE, [{"lr": []}], [], "'lr'"),
-    ({**BASE, "resource": [0, "gpu3"]}, [], [], "gpu3"),
-    ({**BASE, "resource": [0.5]}, [], [], "0.5"),
-    ({**BASE, "resource": []}, [], [], "resource"),
-    ({k: v for k, v in BASE.items() if k != "template"}, [], [], "template"),
-    ({k: v for k, v in BASE.items() if k != "default"}, [], [], "default"),
-    ({**BASE, "templates": {}}, [], [], "templates"),
-    (BASE, [{"_cmd": ["tran"], "lr": 2}], [], "tran"),
-    (BASE, [{"_tilte": "x", "lr": 2}], [], "_tilte"),
-    (BASE, [{"lr": 2}], ["-t", "missing"], "missing"),
-    (BASE, [{"lr": 2}], ["-c", "vall"], "vall"),
-    (BASE, [{"lr": 2}], ["-r", "cpu", "x1"], "x1"),
-    (BASE, [], ["nothere.yaml"], "nothere.yaml"),
-])
+@pytest.mark.parametrize(
+    "spec,grids,args,culprit",
+    [
+        ({**BASE, "template": {"train": "echo {lr} {lr1}"}}, [], [], "lr1"),
+        (BASE, [{"lr": []}], [], "'lr'"),
+        ({**BASE, "resource": [0, "gpu3"]}, [], [], "gpu3"),
+        ({**BASE, "resource": [0.5]}, [], [], "0.5"),
+        ({**BASE, "resource": []}, [], [], "resource"),
+        ({k: v for k, v in BASE.items() if k != "template"}, [], [], "template"),
+        ({k: v for k, v in BASE.items() if k != "default"}, [], [], "default"),
+        ({**BASE, "templates": {}}, [], [], "templates"),
+        (BASE, [{"_cmd": ["tran"], "lr": 2}], [], "tran"),
+        (BASE, [{"_tilte": "x", "lr": 2}], [], "_tilte"),
+        (BASE, [{"lr": 2}], ["-t", "missing"], "missing"),
+        (BASE, [{"lr": 2}], ["-c", "vall"], "vall"),
+        (BASE, [{"lr": 2}], ["-r", "cpu", "x1"], "x1"),
+        (BASE, [], ["nothere.yaml"], "nothere.yaml"),
+    ],
+)
 def test_bad_spec(tmp_path, spec, grids, args, culprit):
     name = write_spec(tmp_path, dict(spec), *grids)
     if args[:1] == ["nothere.yaml"]:

@@ -32,7 +32,16 @@ def tiny_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("shapes")
     make_shapes(root / "shapes", n_train=12, n_val=6, seed=3, size=96)
     cfg = root / "tiny.yaml"
-    cfg.write_text(yaml.safe_dump({"path": "shapes", "train": "images/train", "val": "images/val", "names": ["circle", "square", "triangle", "star", "cross", "hexagon"]}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "path": "shapes",
+                "train": "images/train",
+                "val": "images/val",
+                "names": ["circle", "square", "triangle", "star", "cross", "hexagon"],
+            }
+        )
+    )
     return cfg
 
 
@@ -64,8 +73,29 @@ def load(path):
 def test_two_epoch_run_writes_every_output(tiny_data, tmp_path):
     out = tmp_path / "run"
     run(["--data", tiny_data, "--epochs", "2", "--out", out, *TINY])
-    pictures = ["labels.jpg", "train_batch0.jpg", "train_batch1.jpg", "train_batch2.jpg", "val_batch0_labels.jpg", "val_batch0_pred.jpg", "F1_curve.png", "P_curve.png", "R_curve.png"]
-    for name in ["weights/last.pt", "weights/best.pt", "results.csv", "results.png", "args.yaml", "train.log", "metrics.json", "pr_curve.png", "confusion_matrix.png", *pictures]:
+    pictures = [
+        "labels.jpg",
+        "train_batch0.jpg",
+        "train_batch1.jpg",
+        "train_batch2.jpg",
+        "val_batch0_labels.jpg",
+        "val_batch0_pred.jpg",
+        "F1_curve.png",
+        "P_curve.png",
+        "R_curve.png",
+    ]
+    for name in [
+        "weights/last.pt",
+        "weights/best.pt",
+        "results.csv",
+        "results.png",
+        "args.yaml",
+        "train.log",
+        "metrics.json",
+        "pr_curve.png",
+        "confusion_matrix.png",
+        *pictures,
+    ]:
         assert (out / name).exists(), name
     import cv2
 
@@ -77,7 +107,9 @@ def test_two_epoch_run_writes_every_output(tiny_data, tmp_path):
         assert column in rows[0] and float(rows[-1][column]) == float(rows[-1][column])  # present, not NaN
     last, best = load(out / "weights/last.pt"), load(out / "weights/best.pt")
     assert last["epoch"] == 2 and last["iteration"] == 0 and "optimizer" in last and "scaler" in last
-    assert "optimizer" not in best and best["names"][0] == "circle" and best["imgsz"] == 64  # deployable, self-describing
+    assert (
+        "optimizer" not in best and best["names"][0] == "circle" and best["imgsz"] == 64
+    )  # deployable, self-describing
     assert torch.equal(best["model"]["head.cls.0.2.bias"], last["ema"]["head.cls.0.2.bias"]) or best["epoch"] == 1
     metrics = json.loads((out / "metrics.json").read_text())
     assert {"mAP50", "mAP50-95", "precision", "recall"} <= metrics.keys()
@@ -85,13 +117,31 @@ def test_two_epoch_run_writes_every_output(tiny_data, tmp_path):
 
 
 def test_killed_run_resumes_to_bitwise_identical_weights(tiny_data, tmp_path):
-    common = ["--data", tiny_data, "--epochs", "3", "--deterministic", "--accumulate", "2", "--save-every", "2", "--val-every", "3", *TINY]
+    common = [
+        "--data",
+        tiny_data,
+        "--epochs",
+        "3",
+        "--deterministic",
+        "--accumulate",
+        "2",
+        "--save-every",
+        "2",
+        "--val-every",
+        "3",
+        *TINY,
+    ]
     common[common.index("--workers") + 1] = "2"  # real worker processes: the data must not depend on them
     run([*common, "--out", tmp_path / "straight"])
 
     # Start the same run, SIGKILL it after its second mid-run save, resume it.
     out = tmp_path / "runs" / "train" / "killed"
-    proc = subprocess.Popen([sys.executable, "train.py", *map(str, common), "--out", str(out)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *map(str, common), "--out", str(out)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     last, seen, deadline = out / "weights" / "last.pt", set(), time.time() + 240
     while len(seen) < 2 and proc.poll() is None and time.time() < deadline:
         if last.exists():
@@ -117,7 +167,14 @@ def test_sigterm_to_the_process_group_saves_and_exits_cleanly(tiny_data, tmp_pat
     out = tmp_path / "run"
     args = ["--data", str(tiny_data), "--epochs", "50", "--out", str(out), *TINY]
     args[args.index("--workers") + 1] = "2"
-    proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.time() + 120
     while not (out / "results.csv").exists() and time.time() < deadline:  # written once the handlers are set
         time.sleep(0.05)
@@ -172,7 +229,9 @@ def make_wrapper(tmp_path, loss="", forward="", setup="", name="wrapper.py"):
 def test_out_of_memory_in_the_label_assignment_is_redone_on_the_cpu_with_the_same_result(tiny_data, tmp_path):
     args = ["--data", tiny_data, "--epochs", "1", "--subset", "4", "--deterministic", *TINY]
     run([*args, "--out", tmp_path / "plain"])
-    wrapper = make_wrapper(tmp_path, setup="""
+    wrapper = make_wrapper(
+        tmp_path,
+        setup="""
         original_assign, assign_calls = utils.loss.assign_targets, []
         def assign(*a, device=None, **kw):
             assign_calls.append(device)
@@ -185,9 +244,11 @@ def test_out_of_memory_in_the_label_assignment_is_redone_on_the_cpu_with_the_sam
             try:
                 return original_run(*a, **kw)
             finally:
-                assert assign_calls[:2] == [None, "cpu"] and calls["forward"] == 1, (assign_calls, calls)  # the forward ran once
+                # the forward ran once
+                assert assign_calls[:2] == [None, "cpu"] and calls["forward"] == 1, (assign_calls, calls)
         runpy.run_path = run_and_check
-    """)
+    """,
+    )
     result = run([*args, "--out", tmp_path / "oom"], wrapper=wrapper)
     assert "redone on the CPU" in result.stdout + result.stderr
     row = next(csv.DictReader(open(tmp_path / "oom/results.csv")))
@@ -197,22 +258,34 @@ def test_out_of_memory_in_the_label_assignment_is_redone_on_the_cpu_with_the_sam
 
 
 def test_out_of_memory_in_every_forward_stops_the_run_naming_the_batch_size(tiny_data, tmp_path):
-    wrapper = make_wrapper(tmp_path, forward="""
+    wrapper = make_wrapper(
+        tmp_path,
+        forward="""
         raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-    """)
-    result = run(["--data", tiny_data, "--epochs", "3", "--accumulate", "1", "--out", tmp_path / "run", *TINY], wrapper=wrapper, check=False)
+    """,
+    )
+    result = run(
+        ["--data", tiny_data, "--epochs", "3", "--accumulate", "1", "--out", tmp_path / "run", *TINY],
+        wrapper=wrapper,
+        check=False,
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-2000:]
-    assert "out of memory in 3 optimizer steps in a row" in output and "--batch 4" in output and "try --batch 2" in output
+    assert (
+        "out of memory in 3 optimizer steps in a row" in output and "--batch 4" in output and "try --batch 2" in output
+    )
     assert "Traceback" not in output
     assert "--batch 4" in (tmp_path / "run/crash/reason.txt").read_text()
 
 
 def test_an_out_of_memory_skips_the_step_and_training_goes_on(tiny_data, tmp_path):
-    wrapper = make_wrapper(tmp_path, forward="""
+    wrapper = make_wrapper(
+        tmp_path,
+        forward="""
         if n == 2:
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-    """)
+    """,
+    )
     run(["--data", tiny_data, "--epochs", "2", "--accumulate", "1", "--out", tmp_path / "run", *TINY], wrapper=wrapper)
     rows = list(csv.DictReader(open(tmp_path / "run/results.csv")))
     assert [r["oom_skipped_steps"] for r in rows] == ["1", "0"]
@@ -221,37 +294,51 @@ def test_an_out_of_memory_skips_the_step_and_training_goes_on(tiny_data, tmp_pat
 
 def test_nan_loss_is_skipped_and_repeated_nan_writes_crash(tiny_data, tmp_path):
     args = ["--data", tiny_data, "--epochs", "1", "--accumulate", "1", *TINY]
-    once = make_wrapper(tmp_path, loss="""
+    once = make_wrapper(
+        tmp_path,
+        loss="""
         if n == 1:
             loss, parts = original_loss(self, maps, targets)
             return loss * float("nan"), parts
-    """)
+    """,
+    )
     run([*args, "--out", tmp_path / "once"], wrapper=once)
     row = next(csv.DictReader(open(tmp_path / "once/results.csv")))
     assert row["nonfinite_skipped_steps"] == "1"
     state = load(tmp_path / "once/weights/last.pt")
     assert torch.isfinite(state["model"]["head.cls.0.2.weight"]).all() and state["ema_updates"] == 2
-    assert all(math.isfinite(float(row[k])) for k in ("box_loss", "cls_loss", "dfl_loss"))  # the NaN step is not in the means
+    assert all(
+        math.isfinite(float(row[k])) for k in ("box_loss", "cls_loss", "dfl_loss")
+    )  # the NaN step is not in the means
 
-    always = make_wrapper(tmp_path, name="always.py", loss="""
+    always = make_wrapper(
+        tmp_path,
+        name="always.py",
+        loss="""
         loss, parts = original_loss(self, maps, targets)
         return loss * float("inf"), parts
-    """)
+    """,
+    )
     result = run([*args, "--epochs", "3", "--out", tmp_path / "dead"], wrapper=always, check=False)
     assert result.returncode != 0
     crash = tmp_path / "dead" / "crash"
     assert "NaN/Inf gradients" in (crash / "reason.txt").read_text()
     batch = torch.load(crash / "batch.pt", weights_only=True)
     assert batch["images"].dtype == torch.uint8 and batch["images"].shape[1:] == (3, 64, 64)
-    assert {"args", "epoch", "iteration", "last_checkpoint"} <= yaml.safe_load((crash / "context.yaml").read_text()).keys()
+    assert {"args", "epoch", "iteration", "last_checkpoint"} <= yaml.safe_load(
+        (crash / "context.yaml").read_text()
+    ).keys()
     assert (crash / "environment.json").exists()
 
 
 def test_uncaught_exception_writes_crash(tiny_data, tmp_path):
-    boom = make_wrapper(tmp_path, loss="""
+    boom = make_wrapper(
+        tmp_path,
+        loss="""
         if n == 2:
             raise RuntimeError("something unexpected")
-    """)
+    """,
+    )
     result = run(["--data", tiny_data, "--epochs", "1", "--out", tmp_path / "run", *TINY], wrapper=boom, check=False)
     assert result.returncode != 0
     assert "something unexpected" in (tmp_path / "run/crash/reason.txt").read_text()
@@ -260,11 +347,32 @@ def test_uncaught_exception_writes_crash(tiny_data, tmp_path):
 def torchrun(tmp_path, args, wrapper=None, port=29517):
     """`torchrun --nproc_per_node 2` on the CPU (gloo); each rank saves its final model as rank{R}.pt."""
     saver = tmp_path / f"ddp_{port}.py"
-    saver.write_text((wrapper.read_text() if wrapper else "import os, runpy, sys, torch\nsys.path.insert(0, %r)\nsys.argv = ['train.py'] + sys.argv[1:]\ng = runpy.run_path('train.py', run_name='__main__')\n" % str(REPO)) + textwrap.dedent(f"""
+    saver.write_text(
+        (
+            wrapper.read_text()
+            if wrapper
+            else (
+                "import os, runpy, sys, torch\nsys.path.insert(0, %r)\nsys.argv = ['train.py'] + sys.argv[1:]\n"
+                "g = runpy.run_path('train.py', run_name='__main__')\n"
+            )
+            % str(REPO)
+        )
+        + textwrap.dedent(f"""
         from utils.ema import unwrap
         torch.save(unwrap(g["model"]).state_dict(), {str(tmp_path)!r} + f"/rank{{os.environ['RANK']}}.pt")
-    """))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port), str(saver), *map(str, args)]
+    """)
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        str(saver),
+        *map(str, args),
+    ]
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)  # a hang fails here
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
@@ -285,20 +393,31 @@ def test_torchrun_fault_on_one_rank_skips_the_step_on_both(tiny_data, tmp_path, 
     of a window: both ranks skip that step, nobody hangs, the weights stay identical, and the window
     after it (--accumulate 2: a no_sync micro-step, then one that all-reduces) runs as usual."""
     if fault == "oom":
-        wrapper = make_wrapper(tmp_path, forward="""
+        wrapper = make_wrapper(
+            tmp_path,
+            forward="""
             if RANK == 1 and n == 3:
                 raise torch.OutOfMemoryError("CUDA out of memory (injected on rank 1)")
-        """)
+        """,
+        )
     else:
-        wrapper = make_wrapper(tmp_path, loss="""
+        wrapper = make_wrapper(
+            tmp_path,
+            loss="""
             if RANK == 1 and n == 3:
                 loss, parts = original_loss(self, maps, targets)
                 return loss * float("nan"), parts
-        """)
+        """,
+        )
     out = tmp_path / "ddp"
     # 12 images, batch 2 per rank: 3 micro-steps per epoch, windows [0, 1] and [2]; 2 epochs = 4 windows.
     # The fault is in micro-step 3, the one-step window [2] that comes before epoch 2's [0, 1].
-    torchrun(tmp_path, ["--data", tiny_data, "--epochs", "2", "--accumulate", "2", "--out", out, *TINY], wrapper=wrapper, port=29518 if fault == "oom" else 29519)
+    torchrun(
+        tmp_path,
+        ["--data", tiny_data, "--epochs", "2", "--accumulate", "2", "--out", out, *TINY],
+        wrapper=wrapper,
+        port=29518 if fault == "oom" else 29519,
+    )
     rows = list(csv.DictReader(open(out / "results.csv")))
     column = "oom_skipped_steps" if fault == "oom" else "nonfinite_skipped_steps"
     assert [r[column] for r in rows] == ["1", "0"]
@@ -311,7 +430,25 @@ def test_val_map_equals_pycocotools_on_the_saved_detections(tiny_data, tmp_path)
 
     run(["--data", tiny_data, "--epochs", "2", "--out", tmp_path / "train", *TINY])
     out = tmp_path / "val"
-    result = subprocess.run([sys.executable, "val.py", "--weights", tmp_path / "train/weights/last.pt", "--data", tiny_data, "--save-json", "--workers", "0", "--out", out], cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "val.py",
+            "--weights",
+            tmp_path / "train/weights/last.pt",
+            "--data",
+            tiny_data,
+            "--save-json",
+            "--workers",
+            "0",
+            "--out",
+            out,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "mAP50-95" in result.stdout and "inference" in result.stdout
     metrics = json.loads((out / "metrics.json").read_text())
@@ -358,11 +495,30 @@ def test_weights_freeze_multi_scale_and_the_other_run_options(tiny_data, tmp_pat
     --multi-scale changes the size per iteration (multiples of 32 in 0.5-1.5x imgsz), and --cache ram,
     --checkpoint-activations, --profile and --benchmark run through and leave what they promise."""
     run(["--data", tiny_data, "--epochs", "1", "--out", tmp_path / "first", *TINY])
-    sizes = make_wrapper(tmp_path, loss="""
+    sizes = make_wrapper(
+        tmp_path,
+        loss="""
         print("input size", maps[0].shape[-1] * 8)
-    """)
+    """,
+    )
     options = ["--multi-scale", "--cache", "ram", "--checkpoint-activations", "--profile", "--accumulate", "1"]
-    result = run(["--data", tiny_data, "--epochs", "2", "--weights", tmp_path / "first/weights/last.pt", "--freeze", "stem,down2", *options, "--out", tmp_path / "second", *TINY], wrapper=sizes)
+    result = run(
+        [
+            "--data",
+            tiny_data,
+            "--epochs",
+            "2",
+            "--weights",
+            tmp_path / "first/weights/last.pt",
+            "--freeze",
+            "stem,down2",
+            *options,
+            "--out",
+            tmp_path / "second",
+            *TINY,
+        ],
+        wrapper=sizes,
+    )
     seen = [int(s) for s in re.findall(r"input size (\d+)", result.stdout)]
     assert len(seen) == 6 and len(set(seen)) > 1 and set(seen) <= {32, 64, 96}, seen
     first, second = load(tmp_path / "first/weights/last.pt"), load(tmp_path / "second/weights/last.pt")
@@ -370,7 +526,9 @@ def test_weights_freeze_multi_scale_and_the_other_run_options(tiny_data, tmp_pat
     for name in ("stem.conv.weight", "down2.bn.weight", "down2.bn.bias"):  # frozen: still the --weights values
         assert torch.equal(second["model"][name], first["ema"][name]), name
     assert not torch.equal(second["model"]["stage2.cv1.conv.weight"], first["ema"]["stage2.cv1.conv.weight"])
-    trainable = sum(1 for k in second["model"] if k.endswith(("weight", "bias")) and not k.startswith(("stem.", "down2.")))
+    trainable = sum(
+        1 for k in second["model"] if k.endswith(("weight", "bias")) and not k.startswith(("stem.", "down2."))
+    )
     assert sum(len(g["params"]) for g in second["optimizer"]["param_groups"]) == trainable
     assert json.loads((tmp_path / "second/profile_trace.json").read_text())["traceEvents"]
 
@@ -412,13 +570,16 @@ def test_amp_on_cpu_trains_in_bf16_at_320_px_and_learns(tmp_path):
     cfg = make_large_objects(tmp_path / "large")
     out = tmp_path / "run"
     # no --workers: the default follows the machine's cores
-    run(["--data", cfg, "--amp", "--device", "cpu", "--imgsz", "320", "--batch", "4", "--epochs", "12", "--mosaic", "0", "--close-mosaic", "0",
-         "--accumulate", "1", "--warmup-epochs", "0", "--lr0", "0.005", "--out", out])  # fmt: skip
+    run(["--data", cfg, "--amp", "--device", "cpu", "--imgsz", "320", "--batch", "4", "--epochs", "12",
+         "--mosaic", "0", "--close-mosaic", "0", "--accumulate", "1", "--warmup-epochs", "0", "--lr0", "0.005",
+         "--out", out])  # fmt: skip
     assert "amp bfloat16" in (out / "train.log").read_text()
     assert yaml.safe_load((out / "args.yaml").read_text())["workers"] == min(8, len(os.sched_getaffinity(0)))
     rows = list(csv.DictReader(open(out / "results.csv")))
     first, last = rows[0], rows[-1]
-    assert float(last["cls_loss"]) + float(last["dfl_loss"]) < 0.85 * (float(first["cls_loss"]) + float(first["dfl_loss"]))
+    assert float(last["cls_loss"]) + float(last["dfl_loss"]) < 0.85 * (
+        float(first["cls_loss"]) + float(first["dfl_loss"])
+    )
     best = max(float(r["mAP50"]) for r in rows)
     assert best >= 0.1 and best >= 3 * float(first["mAP50"]), [r["mAP50"] for r in rows]
 
@@ -428,10 +589,13 @@ def test_resume_across_a_change_of_amp_dtype(tiny_data, tmp_path, before, after)
     """A run started in fp16 (GradScaler on) resumed where bf16 is chosen (scaler off), and the
     reverse: a scaler saved disabled is empty, and a resumed fp16 run starts a new loss scale."""
     out = tmp_path / "runs" / "train" / "exp"
-    stop = make_wrapper(tmp_path, loss="""
+    stop = make_wrapper(
+        tmp_path,
+        loss="""
         if n == 4:  # epoch 2: a pre-emption
             os.kill(os.getpid(), signal.SIGTERM)
-    """)
+    """,
+    )
     args = ["--data", tiny_data, "--epochs", "3", "--accumulate", "1", "--amp", "--out", out, *TINY]
     run([*args, "--amp-dtype", before], wrapper=stop)
     stopped = load(out / "weights/last.pt")
@@ -440,26 +604,46 @@ def test_resume_across_a_change_of_amp_dtype(tiny_data, tmp_path, before, after)
     run(["--resume", out / "weights/last.pt", "--amp-dtype", after])
     finished = load(out / "weights/last.pt")
     assert finished["epoch"] == 3 and bool(finished["scaler"]) == (after == "fp16")
-    assert {"bf16": "amp bfloat16", "fp16": "amp float16"}[after] in (out / "train.log").read_text().split("resuming")[-1]
+    assert {"bf16": "amp bfloat16", "fp16": "amp float16"}[after] in (out / "train.log").read_text().split("resuming")[
+        -1
+    ]
     assert all(torch.isfinite(v).all() for v in finished["model"].values() if v.is_floating_point())
 
 
 @pytest.mark.parametrize("imgsz", [416, 608])
 def test_multi_scale_at_sizes_that_are_32_mod_64(tiny_data, tmp_path, imgsz):
     """--multi-scale --imgsz 416 used to crash at the first step (a size that was not a multiple of 32)."""
-    sizes = make_wrapper(tmp_path, loss="""
+    sizes = make_wrapper(
+        tmp_path,
+        loss="""
         print("input size", maps[0].shape[-1] * 8, maps[0].shape[-2] * 8)
-    """)
+    """,
+    )
     args = ["--data", tiny_data, "--epochs", "1", "--subset", "6", "--out", tmp_path / "run", *TINY]
     args[args.index("--imgsz") + 1], args[args.index("--batch") + 1] = str(imgsz), "2"
     result = run([*args, "--multi-scale", "--accumulate", "1"], wrapper=sizes)
     seen = [tuple(map(int, s)) for s in re.findall(r"input size (\d+) (\d+)", result.stdout)]
-    assert len(seen) == 3 and all(w == h and w % 32 == 0 and imgsz // 2 - 32 < w <= imgsz * 3 // 2 + 32 for w, h in seen), seen
+    assert len(seen) == 3 and all(
+        w == h and w % 32 == 0 and imgsz // 2 - 32 < w <= imgsz * 3 // 2 + 32 for w, h in seen
+    ), seen
 
 
 def test_patience_single_cls_fraction_and_batch_minus_one_on_cpu(tiny_data, tmp_path):
     out = tmp_path / "run"
-    args = ["--data", tiny_data, "--epochs", "8", "--patience", "2", "--single-cls", "--fraction", "0.5", "--out", out, *TINY]
+    args = [
+        "--data",
+        tiny_data,
+        "--epochs",
+        "8",
+        "--patience",
+        "2",
+        "--single-cls",
+        "--fraction",
+        "0.5",
+        "--out",
+        out,
+        *TINY,
+    ]
     args[args.index("--batch") + 1] = "-1"
     result = run(args)
     output = result.stdout + result.stderr
@@ -470,6 +654,14 @@ def test_patience_single_cls_fraction_and_batch_minus_one_on_cpu(tiny_data, tmp_
     last, best = load(out / "weights/last.pt"), load(out / "weights/best.pt")
     assert len(rows) == last["epoch"] == last["best_epoch"] + 2 < 8  # resume-safe: the best epoch is in last.pt
     assert best["names"] == ["object"] and best["nc"] == 1 and last["args"]["batch"] == 16
-    result = subprocess.run([sys.executable, "val.py", "--weights", out / "weights/best.pt", "--workers", "0", "--out", tmp_path / "val"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]  # the checkpoint says single-cls: val.py merges the classes too
+    result = subprocess.run(
+        [sys.executable, "val.py", "--weights", out / "weights/best.pt", "--workers", "0", "--out", tmp_path / "val"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[
+        -2000:
+    ]  # the checkpoint says single-cls: val.py merges the classes too
     assert [c["class"] for c in json.loads((tmp_path / "val/metrics.json").read_text())["per_class"]] == ["object"]

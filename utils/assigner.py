@@ -16,7 +16,19 @@ from torchvision.ops import complete_box_iou_loss
 
 
 @torch.no_grad()
-def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask, topk=10, alpha=0.5, beta=6.0, min_size=8.5, device=None):
+def assign_targets(
+    pred_scores,
+    pred_boxes,
+    anchors,
+    gt_labels,
+    gt_boxes,
+    gt_mask,
+    topk=10,
+    alpha=0.5,
+    beta=6.0,
+    min_size=8.5,
+    device=None,
+):
     """
     pred_scores: (b, A, nc) probabilities;  pred_boxes: (b, A, 4) xyxy pixels;  anchors: (A, 2) pixels
     gt_labels: (b, n, 1);  gt_boxes: (b, n, 4) xyxy pixels;  gt_mask: (b, n, 1), 1 for real boxes (rest is padding)
@@ -44,7 +56,10 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
         )
 
     # Candidates: anchor centre strictly inside the (possibly grown) box.
-    centre, size = (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2, (gt_boxes[..., 2:] - gt_boxes[..., :2]).clamp(min=min_size)
+    centre, size = (
+        (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2,
+        (gt_boxes[..., 2:] - gt_boxes[..., :2]).clamp(min=min_size),
+    )
     grown = torch.cat((centre - size / 2, centre + size / 2), -1)
     deltas = torch.cat((anchors[None, None] - grown[:, :, None, :2], grown[:, :, None, 2:] - anchors[None, None]), -1)
     in_box = deltas.amin(-1) > 1e-9  # b, n, A

@@ -65,7 +65,9 @@ def scale_boxes_to_original(boxes, ratio, pad, original_shape):
     return boxes
 
 
-def non_max_suppression(predictions, conf=0.25, iou=0.7, classes=None, max_det=300, multi_label=False, max_candidates=30000):
+def non_max_suppression(
+    predictions, conf=0.25, iou=0.7, classes=None, max_det=300, multi_label=False, max_candidates=30000
+):
     """Per image: confidence threshold, class-aware NMS, at most max_det boxes.
 
     predictions: (batch, anchors, 4 + nc) as the model returns in eval mode.

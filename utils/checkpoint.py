@@ -38,12 +38,17 @@ def load_checkpoint(path, map_location="cpu"):
         ckpt = torch.load(path, map_location=map_location, weights_only=True)  # never unpickles code
     except Exception as e:  # torch raises several types for broken or foreign files
         if "Weights only load failed" in str(e):  # torch's page-long message, in one sentence
-            reason = "it holds pickled Python objects, which could run code and are refused; ours hold only tensors and numbers"
+            reason = (
+                "it holds pickled Python objects, which could run code and are refused; "
+                "ours hold only tensors and numbers"
+            )
         else:
             reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path} is not a checkpoint this repo can read ({reason})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a checkpoint of this repo (no '{FORMAT}' format tag); train one with train.py")
+        raise CheckpointError(
+            f"{path} is not a checkpoint of this repo (no '{FORMAT}' format tag); train one with train.py"
+        )
     return ckpt
 
 

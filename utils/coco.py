@@ -21,11 +21,19 @@ def records_to_coco(records, names, file_names=None, first_image_id=0, decimals=
     for i, r in enumerate(records):
         h, w = r["shape"]
         image_id = first_image_id + i
-        images.append({"id": image_id, "file_name": str(r["im"]) if file_names is None else file_names[i], "height": h, "width": w})
+        images.append(
+            {
+                "id": image_id,
+                "file_name": str(r["im"]) if file_names is None else file_names[i],
+                "height": h,
+                "width": w,
+            }
+        )
         for cls, x1, y1, x2, y2 in r["labels"]:
             bw, bh = (x2 - x1) * w, (y2 - y1) * h
+            bbox = [fix(x1 * w), fix(y1 * h), fix(bw), fix(bh)]
             annotations.append(
-                {"id": len(annotations) + 1, "image_id": image_id, "category_id": int(cls), "bbox": [fix(x1 * w), fix(y1 * h), fix(bw), fix(bh)],
+                {"id": len(annotations) + 1, "image_id": image_id, "category_id": int(cls), "bbox": bbox,
                  "area": fix(bw * bh), "iscrowd": 0}
             )  # fmt: skip
     categories = [{"id": i, "name": n} for i, n in enumerate(names)]
@@ -63,7 +71,11 @@ def ground_truth(records, names, coco_json=None):
         raise ValueError(f"{coco_json} has {len(category_ids)} categories but the dataset yaml names {len(names)}")
     ids = [by_name[Path(r["im"]).name] for r in records]
     keep = set(ids)
-    gt = dict(gt, images=[im for im in gt["images"] if im["id"] in keep], annotations=[a for a in gt["annotations"] if a["image_id"] in keep])
+    gt = dict(
+        gt,
+        images=[im for im in gt["images"] if im["id"] in keep],
+        annotations=[a for a in gt["annotations"] if a["image_id"] in keep],
+    )
     return gt, ids, category_ids
 
 
@@ -86,7 +98,9 @@ def coco_to_yolo(json_path, labels_dir):
         if x2 <= x1 or y2 <= y1:
             continue
         cx, cy = (x1 + x2) / 2 / W, (y1 + y2) / 2 / H
-        rows[a["image_id"]].append(f"{index[a['category_id']]} {cx:.6f} {cy:.6f} {(x2 - x1) / W:.6f} {(y2 - y1) / H:.6f}")
+        rows[a["image_id"]].append(
+            f"{index[a['category_id']]} {cx:.6f} {cy:.6f} {(x2 - x1) / W:.6f} {(y2 - y1) / H:.6f}"
+        )
     out = Path(labels_dir)
     out.mkdir(parents=True, exist_ok=True)
     for im_id, lines in rows.items():

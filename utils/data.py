@@ -2,7 +2,8 @@
 datasets, and the deterministic sampler that makes exact resume possible.
 
 Images are read with cv2 (BGR) and converted to RGB once, in `read_image`; everything after
-works on uint8 RGB; the training loop divides by 255 on the device (pitfalls D1-D4: channel order and value range mixed up between libraries).
+works on uint8 RGB; the training loop divides by 255 on the device (pitfalls D1-D4: channel order
+and value range mixed up between libraries).
 """
 
 import atexit
@@ -74,15 +75,21 @@ def load_dataset_yaml(path):
         raise DatasetError(f"{path} must be a mapping with keys path, train, val and names")
     for key in ("train", "val"):
         if not cfg.get(key):
-            raise DatasetError(f"{path}: key '{key}' is missing (it names the {key} images: a folder, a .txt list, or a list of these)")
+            raise DatasetError(
+                f"{path}: key '{key}' is missing (it names the {key} images: a folder, a .txt list, or a list of these)"
+            )
     names = cfg.get("names")
     if isinstance(names, dict):
         try:  # keys may have been quoted ('0': person); what matters is that they are 0..n-1
             names = {int(k): v for k, v in names.items()}
         except (TypeError, ValueError):
-            raise DatasetError(f"{path}: key 'names' as a dict must map class indices 0..{len(names) - 1} to names") from None
+            raise DatasetError(
+                f"{path}: key 'names' as a dict must map class indices 0..{len(names) - 1} to names"
+            ) from None
         if sorted(names) != list(range(len(names))):
-            raise DatasetError(f"{path}: key 'names' as a dict must map 0..{len(names) - 1} to names, got keys {sorted(names)}")
+            raise DatasetError(
+                f"{path}: key 'names' as a dict must map 0..{len(names) - 1} to names, got keys {sorted(names)}"
+            )
         names = [names[i] for i in range(len(names))]
     elif not isinstance(names, list) or not names:
         if names is None and isinstance(cfg.get("nc"), int) and cfg["nc"] > 0:
@@ -105,7 +112,10 @@ def load_dataset_yaml(path):
         settings = cfg.get("generator_settings") or {}  # optional: n_train, n_val, seed, size
         make_shapes(root, **{k: int(v) for k, v in settings.items() if k in ("n_train", "n_val", "seed", "size")})
     if not root.is_dir():
-        raise DatasetError(f"{path}: key 'path' names {root}, which does not exist (a relative path is read from the yaml's folder {path.parent.resolve()}, then from the working directory)")
+        raise DatasetError(
+            f"{path}: key 'path' names {root}, which does not exist (a relative path is read from the yaml's "
+            f"folder {path.parent.resolve()}, then from the working directory)"
+        )
 
     out = {"root": root, "names": names, "nc": len(names), "yaml": path, "coco_json": None}
     for key in ("train", "val", "test"):
@@ -116,7 +126,9 @@ def load_dataset_yaml(path):
         sources = []
         for item in value if isinstance(value, list) else [value]:
             if not isinstance(item, str):
-                raise DatasetError(f"{path}: key '{key}' must be a folder, a .txt list or a list of these, got {item!r}")
+                raise DatasetError(
+                    f"{path}: key '{key}' must be a folder, a .txt list or a list of these, got {item!r}"
+                )
             p = Path(item)
             if not p.is_absolute():
                 # Old YOLOv5 yamls have no `path` and name folders from the working directory
@@ -136,7 +148,9 @@ def load_dataset_yaml(path):
         if p.exists():
             out["coco_json"] = p
         else:  # training still works; only the mAP is then computed from the YOLO labels, not the official json
-            log.warning(f"{path}: key 'coco_json' names {p}, which does not exist; mAP will be computed from the YOLO labels")
+            log.warning(
+                f"{path}: key 'coco_json' names {p}, which does not exist; mAP will be computed from the YOLO labels"
+            )
     return out
 
 
@@ -148,7 +162,9 @@ def list_images(sources):
         if not src.exists():
             raise DatasetError(f"{src} does not exist")
         if src.is_dir():
-            files += [p for p in glob.glob(str(src / "**" / "*"), recursive=True) if Path(p).suffix.lower() in IMAGE_SUFFIXES]
+            files += [
+                p for p in glob.glob(str(src / "**" / "*"), recursive=True) if Path(p).suffix.lower() in IMAGE_SUFFIXES
+            ]
         elif src.suffix == ".txt":
             for line in src.read_text().splitlines():
                 line = line.strip()
@@ -179,7 +195,9 @@ def read_image(path):
     img = cv2.imread(path, cv2.IMREAD_COLOR)
     if img is None:
         return None
-    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)  # pitfalls D1-D2: cv2 reads BGR, the model and the HSV code expect RGB: convert once, here
+    return cv2.cvtColor(
+        img, cv2.COLOR_BGR2RGB
+    )  # pitfalls D1-D2: cv2 reads BGR, the model and the HSV code expect RGB: convert once, here
 
 
 def jpeg_is_complete(path):
@@ -229,7 +247,13 @@ def verify_one(image_path, nc):
                     return "corrupt", None, f"{where}: a value is not finite"
                 if len(values) > 5 and len(values) % 2 == 1:  # a polygon (segment) row: keep its box
                     xs, ys = values[1::2], values[2::2]
-                    values = [values[0], (min(xs) + max(xs)) / 2, (min(ys) + max(ys)) / 2, max(xs) - min(xs), max(ys) - min(ys)]
+                    values = [
+                        values[0],
+                        (min(xs) + max(xs)) / 2,
+                        (min(ys) + max(ys)) / 2,
+                        max(xs) - min(xs),
+                        max(ys) - min(ys),
+                    ]
                 if len(values) != 5:
                     return "corrupt", None, f"{where}: expected 5 values (class cx cy w h), got {len(values)}"
                 cls, cx, cy, bw, bh = values
@@ -239,7 +263,11 @@ def verify_one(image_path, nc):
                     return "corrupt", None, f"{where}: box has zero or negative size"
                 x1, y1, x2, y2 = cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2
                 if min(x1, y1) < -COORD_TOLERANCE or max(x2, y2) > 1 + COORD_TOLERANCE:
-                    return "corrupt", None, f"{where}: box is outside the image (coordinates must be normalised to 0..1)"
+                    return (
+                        "corrupt",
+                        None,
+                        f"{where}: box is outside the image (coordinates must be normalised to 0..1)",
+                    )
                 x1, y1, x2, y2 = (min(max(v, 0.0), 1.0) for v in (x1, y1, x2, y2))  # just outside: clip
                 key = (int(cls), round(x1, 6), round(y1, 6), round(x2, 6), round(y2, 6))
                 if key in seen:
@@ -248,7 +276,11 @@ def verify_one(image_path, nc):
                 seen.add(key)
                 rows.append([int(cls), x1, y1, x2, y2])
         note = f"{duplicates} duplicate label rows removed" if duplicates else ""
-        return ("labelled" if rows else "empty"), {"im": image_path, "shape": [h, w], "labels": rows, "dup": duplicates}, note
+        return (
+            ("labelled" if rows else "empty"),
+            {"im": image_path, "shape": [h, w], "labels": rows, "dup": duplicates},
+            note,
+        )
     except UnicodeDecodeError:
         return "corrupt", None, f"label {lp} is not a text file"
     except (OSError, cv2.error) as e:
@@ -270,7 +302,9 @@ def files_fingerprint(image_files):
 
 def cache_dir():
     """Where the label cache goes when the dataset folder is read-only (a shared mount)."""
-    return Path(os.environ.get("YOLO_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "yolo")
+    return Path(
+        os.environ.get("YOLO_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "yolo"
+    )
 
 
 def cache_locations(sources, image_files):
@@ -318,7 +352,9 @@ def load_verified(sources, nc, split_name="", workers=8):
     records, problems = [], []
     with ThreadPoolExecutor(workers) as pool:  # cv2 decoding releases the GIL, threads are enough
         results = pool.map(lambda f: verify_one(f, nc), image_files)
-        for image_path, (status, record, note) in tqdm(zip(image_files, results), total=len(image_files), desc=f"verifying {split_name} images", leave=False):
+        for image_path, (status, record, note) in tqdm(
+            zip(image_files, results), total=len(image_files), desc=f"verifying {split_name} images", leave=False
+        ):
             totals["found"] += 1
             totals[status] += 1
             if record is not None:
@@ -326,8 +362,15 @@ def load_verified(sources, nc, split_name="", workers=8):
                 records.append(record)
             if note:  # one line per file: status, path, reason (fixed = kept after a repair in memory)
                 problems.append(f"{status if record is None else 'fixed'}\t{image_path}\t{note}")
-    cache = {"version": CACHE_VERSION, "fingerprint": fingerprint, "nc": nc, "totals": totals, "problems": problems, "records": records}
-    written = None
+    cache = {
+        "version": CACHE_VERSION,
+        "fingerprint": fingerprint,
+        "nc": nc,
+        "totals": totals,
+        "problems": problems,
+        "records": records,
+    }
+    written, error = None, None
     for i, (cache_path, log_path) in enumerate(locations):
         try:
             if i:  # our own cache folder may not exist yet; the user's folders are never created
@@ -336,15 +379,24 @@ def load_verified(sources, nc, split_name="", workers=8):
             write_text_atomic(cache_path, json.dumps(cache))
             written = log_path
             if i:
-                log.warning(f"{split_name}: cannot write the label cache next to the labels ({error}); it is in {cache_path.parent}")
+                log.warning(
+                    f"{split_name}: cannot write the label cache next to the labels ({error}); "
+                    f"it is in {cache_path.parent}"
+                )
             break
         except OSError as e:
             error = e
     if written is None:  # nowhere writable: still works, verifies again next time
-        log.warning(f"{split_name}: cannot write the label cache {locations[0][0]} ({error}); verification will run again next time")
+        log.warning(
+            f"{split_name}: cannot write the label cache {locations[0][0]} ({error}); "
+            "verification will run again next time"
+        )
     print_verification_totals(totals, split_name, written, problems, cached=False)
     if not records:
-        raise DatasetError(f"none of the {len(image_files)} {split_name} images is usable" + (f" (reasons in {written})" if written else f" (e.g. {problems[0]})"))
+        raise DatasetError(
+            f"none of the {len(image_files)} {split_name} images is usable"
+            + (f" (reasons in {written})" if written else f" (e.g. {problems[0]})")
+        )
     return records
 
 
@@ -359,7 +411,8 @@ def print_verification_totals(totals, split_name, log_path, problems, cached):
     excluded = t["missing"] + t["corrupt"]
     log.info(
         f"{split_name} images: {t['found']} found, {t['labelled']} labelled, {t['background'] + t['empty']} background "
-        f"({t['background']} without label file, {t['empty']} with an empty one), {t['missing']} missing, {t['corrupt']} corrupt"
+        f"({t['background']} without label file, {t['empty']} with an empty one), "
+        f"{t['missing']} missing, {t['corrupt']} corrupt"
         + (f", {t['duplicates']} duplicate label rows removed" if t["duplicates"] else "")
         + (" (from the cache)" if cached else "")
     )
@@ -388,7 +441,11 @@ def load_resized(record, imgsz, cache=None, index=None):
         h, w = img.shape[:2]
         r = imgsz / max(h, w)
         if r != 1:  # max(1, ...): a 10 x 2000 strip must not become 0 px high
-            img = cv2.resize(img, (max(1, round(w * r)), max(1, round(h * r))), interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR)
+            img = cv2.resize(
+                img,
+                (max(1, round(w * r)), max(1, round(h * r))),
+                interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR,
+            )
     h, w = img.shape[:2]
     labels = np.array(record["labels"], dtype=np.float32).reshape(-1, 5)
     labels[:, [1, 3]] *= w
@@ -398,11 +455,13 @@ def load_resized(record, imgsz, cache=None, index=None):
 
 def cache_images(records, imgsz, workers=8):
     """--cache ram: decode and resize every image once, before the workers fork (they share it)."""
+
     def one(r):
         try:
             return load_resized(r, imgsz)[0]
         except OSError:
             return None  # read again (and reported) when the sample is drawn
+
     with ThreadPoolExecutor(workers) as pool:
         images = list(tqdm(pool.map(one, records), total=len(records), desc="caching images", leave=False))
     gb = sum(i.nbytes for i in images if i is not None) / 1e9
@@ -532,7 +591,8 @@ def epoch_order(n, seed, epoch):
 def multi_scale_size(imgsz, seed, iteration, stride=32):
     """--multi-scale: the training size of an iteration, 0.5x to 1.5x imgsz, always a multiple of the
     stride (the levels of the network must halve evenly). A pure function of (seed, iteration), so
-    every DDP rank draws the same size without talking (pitfall M4: else a rank with a small size waits for one with a large size) and a resumed run draws the same."""
+    every DDP rank draws the same size without talking (pitfall M4: else a rank with a small size
+    waits for one with a large size) and a resumed run draws the same."""
     rng = random.Random(seed * 1_000_003 + iteration)
     return max(rng.randrange(imgsz // 2, imgsz * 3 // 2 + stride) // stride * stride, stride)
 
@@ -546,7 +606,9 @@ class EpochBatchSampler:
 
     def __init__(self, n, batch_size, seed=0, rank=0, world_size=1, start_epoch=0, skip_batches=0):
         if n < 1 or batch_size < 1:
-            raise ValueError(f"EpochBatchSampler needs at least one sample and a batch size of at least 1, got {n} and {batch_size}")
+            raise ValueError(
+                f"EpochBatchSampler needs at least one sample and a batch size of at least 1, got {n} and {batch_size}"
+            )
         self.n, self.batch_size, self.seed = n, batch_size, seed
         self.rank, self.world_size = rank, world_size
         self.start_epoch, self.skip_batches = start_epoch, skip_batches

@@ -36,7 +36,10 @@ def setup_distributed(device_arg):
     if device_arg != "cpu" and torch.cuda.is_available():
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         if gpus and len(gpus) != local_world_size:
-            raise SystemExit(f"--device {device_arg} names {len(gpus)} GPUs but {local_world_size} processes run on this node: name one GPU per process")
+            raise SystemExit(
+                f"--device {device_arg} names {len(gpus)} GPUs but {local_world_size} processes run on this node: "
+                "name one GPU per process"
+            )
         # pitfall T2: the device comes from LOCAL_RANK explicitly; left to guess from the global rank,
         # a second node picks GPUs it does not have and the run hangs.
         device = torch.device("cuda", gpus[local_rank] if gpus else local_rank)
@@ -56,7 +59,9 @@ def parse_gpus(device_arg):
     try:
         return [int(g) for g in str(device_arg).split(",")]
     except ValueError:
-        raise SystemExit(f"--device {device_arg}: expected cpu, mps, a GPU index (0) or a list of them (0,1,2,3)") from None
+        raise SystemExit(
+            f"--device {device_arg}: expected cpu, mps, a GPU index (0) or a list of them (0,1,2,3)"
+        ) from None
 
 
 def select_device(device_arg):

@@ -25,7 +25,9 @@ def predict_dataset(model, loader, device, conf=0.001, iou=0.7, max_det=300, hal
     """Detections of every validation image in original pixels: dict dataset index -> (n, 6) array
     of x1 y1 x2 y2 score class. Also the time per image of each stage, in ms."""
     model.eval()  # pitfall M1: BN and dropout must be in inference mode
-    dtype = next(model.parameters()).dtype  # fp16 after val.py --half; fp32 weights (the EMA in training) run in autocast
+    dtype = next(
+        model.parameters()
+    ).dtype  # fp16 after val.py --half; fp32 weights (the EMA in training) run in autocast
     results, seconds, images = {}, np.zeros(3), 0
     for batch, _, metas in loader:
         synchronize(device)
@@ -112,7 +114,11 @@ def precision_recall(ev, category_ids):
             p_curve[k] = np.interp(-grid, -score, precision, left=1)
     f1 = 2 * p_curve * r_curve / (p_curve + r_curve + 1e-16)
     best = int(f1[n_gt > 0].mean(0).argmax()) if (n_gt > 0).any() else 0
-    return p_curve[:, best], r_curve[:, best], {"confidence": grid, "precision": p_curve, "recall": r_curve, "f1": f1, "n_gt": n_gt}
+    return (
+        p_curve[:, best],
+        r_curve[:, best],
+        {"confidence": grid, "precision": p_curve, "recall": r_curve, "f1": f1, "n_gt": n_gt},
+    )
 
 
 def confusion_matrix(results, records, nc, conf=0.25, iou=0.45):
@@ -158,7 +164,15 @@ def evaluate(model, loader, names, device, coco_json=None, conf=0.001, iou=0.7, 
     instances = np.bincount([int(row[0]) for rec in records for row in rec["labels"]], minlength=len(names))
     images_with = [sum(any(int(row[0]) == c for row in rec["labels"]) for rec in records) for c in range(len(names))]
     per_class = [
-        {"class": n, "images": images_with[c], "instances": int(instances[c]), "precision": float(p[c]), "recall": float(r[c]), "mAP50": float(ap50[c]), "mAP50-95": float(ap[c])}
+        {
+            "class": n,
+            "images": images_with[c],
+            "instances": int(instances[c]),
+            "precision": float(p[c]),
+            "recall": float(r[c]),
+            "mAP50": float(ap50[c]),
+            "mAP50-95": float(ap[c]),
+        }
         for c, n in enumerate(names)
     ]
     metrics = {
@@ -190,11 +204,15 @@ def ground_truth_cached(dataset, names, coco_json):
 def format_table(result, names):
     """The per-class table val.py prints (and train.py at the end)."""
     m = result["metrics"]
-    lines = [f"{'class':>16} {'images':>8} {'instances':>10} {'P':>7} {'R':>7} {'mAP50':>7} {'mAP50-95':>9}"]
-    lines.append(f"{'all':>16} {m['images']:>8} {m['instances']:>10} {m['precision']:>7.3f} {m['recall']:>7.3f} {m['mAP50']:>7.3f} {m['mAP50-95']:>9.3f}")
+
+    def line(name, r):
+        numbers = f"{r['precision']:>7.3f} {r['recall']:>7.3f} {r['mAP50']:>7.3f} {r['mAP50-95']:>9.3f}"
+        return f"{name[:16]:>16} {r['images']:>8} {r['instances']:>10} {numbers}"
+
+    lines = [
+        f"{'class':>16} {'images':>8} {'instances':>10} {'P':>7} {'R':>7} {'mAP50':>7} {'mAP50-95':>9}",
+        line("all", m),
+    ]
     if len(names) > 1:
-        for row in result["per_class"]:
-            lines.append(
-                f"{row['class'][:16]:>16} {row['images']:>8} {row['instances']:>10} {row['precision']:>7.3f} {row['recall']:>7.3f} {row['mAP50']:>7.3f} {row['mAP50-95']:>9.3f}"
-            )
+        lines += [line(row["class"], row) for row in result["per_class"]]
     return "\n".join(lines)

@@ -49,7 +49,11 @@ def next_run_dir(base="runs/train/exp"):
     base = Path(base)
     if not base.exists():
         return base
-    taken = [int(m.group(1) or 1) for p in base.parent.glob(base.name + "*") if (m := re.fullmatch(re.escape(base.name) + r"(\d*)", p.name))]
+    taken = [
+        int(m.group(1) or 1)
+        for p in base.parent.glob(base.name + "*")
+        if (m := re.fullmatch(re.escape(base.name) + r"(\d*)", p.name))
+    ]
     return base.with_name(f"{base.name}{max(taken) + 1}")
 
 

@@ -66,8 +66,18 @@ def from_pytorch(model, device, half=False):
         return model(x.to(device, torch.float16 if half else torch.float32)).float()
 
     h, w = (model.imgsz, model.imgsz) if isinstance(model.imgsz, int) else model.imgsz
-    return {"run": run, "names": list(model.names), "imgsz": (h, w), "stride": max(model.head.strides), "batch": None,
-            "dynamic": True, "half": half, "nms": None, "backend": "PyTorch", "device": device}
+    return {
+        "run": run,
+        "names": list(model.names),
+        "imgsz": (h, w),
+        "stride": max(model.head.strides),
+        "batch": None,
+        "dynamic": True,
+        "half": half,
+        "nms": None,
+        "backend": "PyTorch",
+        "device": device,
+    }
 
 
 def load_exported(path, device=torch.device("cpu")):
@@ -85,7 +95,9 @@ def load_exported(path, device=torch.device("cpu")):
 
 def _parse_metadata(strings, path):
     if strings.get("format") != json.dumps(FORMAT):
-        raise CheckpointError(f"{path} has no metadata from this repo's export.py (class names, image size); export it with export.py")
+        raise CheckpointError(
+            f"{path} has no metadata from this repo's export.py (class names, image size); export it with export.py"
+        )
     try:
         meta = {k: json.loads(v) for k, v in strings.items()}
     except ValueError:
@@ -102,7 +114,9 @@ def _load_onnx(path, device):
     try:
         session = onnxruntime.InferenceSession(str(path), providers=providers)
     except Exception as e:  # onnxruntime raises its own types for broken or foreign files
-        raise CheckpointError(f"{path} is not an ONNX model that ONNX Runtime can load ({str(e).strip().splitlines()[0][:200]})") from None
+        raise CheckpointError(
+            f"{path} is not an ONNX model that ONNX Runtime can load ({str(e).strip().splitlines()[0][:200]})"
+        ) from None
     meta = _parse_metadata(session.get_modelmeta().custom_metadata_map, path)
     model_input, model_output = session.get_inputs()[0], session.get_outputs()[0].name
     dtype = np.float16 if model_input.type == "tensor(float16)" else np.float32
@@ -121,12 +135,16 @@ def _load_onnx(path, device):
 def _load_torchscript(path, device):
     extra = {METADATA_FILE: ""}
     try:
-        with warnings.catch_warnings():  # torch.jit is deprecated in favour of torch.export, yet still the portable format
+        with (
+            warnings.catch_warnings()
+        ):  # torch.jit is deprecated in favour of torch.export, yet still the portable format
             warnings.simplefilter("ignore", FutureWarning)
             module = torch.jit.load(str(path), map_location=device, _extra_files=extra)
         strings = json.loads(extra[METADATA_FILE] or "{}")
     except Exception as e:
-        raise CheckpointError(f"{path} is not a TorchScript file this torch can load ({str(e).strip().splitlines()[0][:200]})") from None
+        raise CheckpointError(
+            f"{path} is not a TorchScript file this torch can load ({str(e).strip().splitlines()[0][:200]})"
+        ) from None
     meta = _parse_metadata(strings, path)
     dtype = torch.float16 if meta["half"] else torch.float32
 

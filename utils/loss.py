@@ -26,7 +26,11 @@ log = logging.getLogger("yolo")
 
 def pad_targets(targets, batch_size):
     """(N, 6) rows of (image index, class, x1, y1, x2, y2) -> padded (b, max boxes, 5) and a mask."""
-    counts = torch.bincount(targets[:, 0].long(), minlength=batch_size) if len(targets) else torch.zeros(batch_size, dtype=torch.long)
+    counts = (
+        torch.bincount(targets[:, 0].long(), minlength=batch_size)
+        if len(targets)
+        else torch.zeros(batch_size, dtype=torch.long)
+    )
     n = int(counts.max()) if batch_size else 0
     padded = torch.zeros(batch_size, n, 5, device=targets.device, dtype=targets.dtype)
     mask = torch.zeros(batch_size, n, 1, device=targets.device, dtype=torch.bool)
@@ -65,7 +69,14 @@ class DetectionLoss:
         pred_boxes = distances_to_boxes(dfl_decode(pred_distri, bins), anchors)  # grid units
 
         gt, gt_mask = pad_targets(targets.to(flat.device), b)
-        assignment_inputs = (pred_logits.detach().sigmoid(), pred_boxes.detach() * strides, anchors * strides, gt[..., :1], gt[..., 1:], gt_mask)
+        assignment_inputs = (
+            pred_logits.detach().sigmoid(),
+            pred_boxes.detach() * strides,
+            anchors * strides,
+            gt[..., :1],
+            gt[..., 1:],
+            gt_mask,
+        )
         try:
             assigned = assign_targets(*assignment_inputs, topk=self.topk)
         except torch.OutOfMemoryError:
@@ -87,7 +98,12 @@ class DetectionLoss:
             iou_loss = complete_box_iou_loss(pred_boxes[fg], target_grid[fg], reduction="none")
             loss_box = (iou_loss * weight).sum() / score_sum
             target_distances = boxes_to_distances(target_grid, anchors, self.reg_max - 1)[fg]
-            loss_dfl = (self.distribution_focal_loss(pred_distri[fg].view(-1, self.reg_max), target_distances.view(-1)).view(-1, 4).mean(1) * weight).sum() / score_sum
+            loss_dfl = (
+                self.distribution_focal_loss(pred_distri[fg].view(-1, self.reg_max), target_distances.view(-1))
+                .view(-1, 4)
+                .mean(1)
+                * weight
+            ).sum() / score_sum
         parts = torch.stack((loss_box * self.gains[0], loss_cls * self.gains[1], loss_dfl * self.gains[2]))
         return parts.sum() * b, parts.detach()
 

@@ -35,7 +35,7 @@ def plot_results(csv_path, out_path):
     for ax, c in zip(axes.flat, columns):
         ax.plot(epochs, [float(r[c]) for r in rows], marker=".")
         ax.set_title(c, fontsize=9)
-    for ax in axes.flat[len(columns):]:
+    for ax in axes.flat[len(columns) :]:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(out_path, dpi=100)
@@ -50,7 +50,13 @@ def plot_pr_curve(curves, names, map50_per_class, out_path):
             ax.plot(curves["recall"][k], curves["precision"][k], lw=1, label=f"{name} {map50_per_class[k]:.3f}")
     has = curves["n_gt"] > 0
     if has.any():
-        ax.plot(curves["recall"][has].mean(0), curves["precision"][has].mean(0), lw=3, color="blue", label=f"all {map50_per_class[has].mean():.3f} mAP50")
+        ax.plot(
+            curves["recall"][has].mean(0),
+            curves["precision"][has].mean(0),
+            lw=3,
+            color="blue",
+            label=f"all {map50_per_class[has].mean():.3f} mAP50",
+        )
     ax.set(xlabel="recall", ylabel="precision", xlim=(0, 1), ylim=(0, 1.01), title="precision-recall at IoU 0.5")
     ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
@@ -95,7 +101,16 @@ def draw_detections(img_bgr, detections, names):
         (tw, th), _ = cv2.getTextSize(label, 0, scale, max(thickness - 1, 1))
         top = p1[1] - th - 3 if p1[1] - th - 3 >= 0 else p1[1] + th + 3
         cv2.rectangle(img_bgr, (p1[0], top), (p1[0] + tw, p1[1]), c, -1, cv2.LINE_AA)
-        cv2.putText(img_bgr, label, (p1[0], p1[1] - 2 if top < p1[1] else top - 2), 0, scale, (255, 255, 255), max(thickness - 1, 1), cv2.LINE_AA)
+        cv2.putText(
+            img_bgr,
+            label,
+            (p1[0], p1[1] - 2 if top < p1[1] else top - 2),
+            0,
+            scale,
+            (255, 255, 255),
+            max(thickness - 1, 1),
+            cv2.LINE_AA,
+        )
     return img_bgr
 
 
@@ -148,7 +163,9 @@ def plot_batch(images, targets, names, path, predictions=None, max_images=16, co
     rows = math.ceil(n / cols)
     # at most ~1920 px each way; small training sizes (64..256) are enlarged to ~320 to stay legible
     gap = 2  # white lines between tiles
-    scale = min((1920 - gap * (cols - 1)) / (cols * w), (1920 - gap * (rows - 1)) / (rows * h), max(1.0, 320 / max(h, w)))
+    scale = min(
+        (1920 - gap * (cols - 1)) / (cols * w), (1920 - gap * (rows - 1)) / (rows * h), max(1.0, 320 / max(h, w))
+    )
     tw, th = max(int(w * scale), 1), max(int(h * scale), 1)
     grid = np.full((rows * th + (rows - 1) * gap, cols * tw + (cols - 1) * gap, 3), 255, np.uint8)
     thickness = max(1, round(min(tw, th) / 200))  # 2 px on 320 px tiles: visible on busy images
@@ -204,21 +221,36 @@ def plot_labels(records, names, path):
     ax.set(xlabel="class" if nc <= 30 else "class index", ylabel="instances", title="instances per class")
     for ax, (a, b), title, labels_xy in (
         (axes[0, 1], (cx, cy), "box centres", ("x (fraction of width)", "y (fraction of height)")),
-        (axes[1, 0], (bw, bh), "box widths and heights", ("width (fraction of image width)", "height (fraction of image height)")),
+        (
+            axes[1, 0],
+            (bw, bh),
+            "box widths and heights",
+            ("width (fraction of image width)", "height (fraction of image height)"),
+        ),
     ):
         if len(a):  # about sqrt(n) bins a side; empty bins blank, a bin of 1 box already visible
             bins = int(np.clip(round(math.sqrt(len(a))), 10, 50))
             ax.hist2d(a, b, bins=bins, range=[[0, 1], [0, 1]], cmap="Blues", cmin=1, vmin=0)
         else:
             ax.text(0.5, 0.5, "no boxes", ha="center", va="center", transform=ax.transAxes)
-        ax.set(xlim=(0, 1), ylim=(1, 0) if title == "box centres" else (0, 1), xlabel=labels_xy[0], ylabel=labels_xy[1], title=title)
+        ax.set(
+            xlim=(0, 1),
+            ylim=(1, 0) if title == "box centres" else (0, 1),
+            xlabel=labels_xy[0],
+            ylabel=labels_xy[1],
+            title=title,
+        )
         ax.set_aspect("equal")
     ax = axes[1, 1]
     pick = np.random.default_rng(0).permutation(len(labels))[:500]
     long_side = sizes.max(1, initial=1)
     for i in pick:  # in pixels relative to the image's long side, so a box keeps its true shape
         bw_i, bh_i = bw[i] * sizes[i, 0] / long_side[i], bh[i] * sizes[i, 1] / long_side[i]
-        ax.add_patch(Rectangle((0.5 - bw_i / 2, 0.5 - bh_i / 2), bw_i, bh_i, fill=False, lw=0.6, alpha=0.5, edgecolor=rgb01(classes[i])))
+        ax.add_patch(
+            Rectangle(
+                (0.5 - bw_i / 2, 0.5 - bh_i / 2), bw_i, bh_i, fill=False, lw=0.6, alpha=0.5, edgecolor=rgb01(classes[i])
+            )
+        )
     if not len(pick):
         ax.text(0.5, 0.5, "no boxes", ha="center", va="center")
     ax.set(xlim=(0, 1), ylim=(1, 0), title=f"{len(pick)} boxes at their real aspect")
@@ -241,7 +273,11 @@ def plot_confidence_curves(curves, names, out_dir):
     f1 = np.asarray(curves["f1"], dtype=np.float64)
     best = int(f1[has].mean(0).argmax()) if has.any() else 0
     best_conf = float(x[best])
-    for key, short, file in (("f1", "F1", "F1_curve.png"), ("precision", "P", "P_curve.png"), ("recall", "R", "R_curve.png")):
+    for key, short, file in (
+        ("f1", "F1", "F1_curve.png"),
+        ("precision", "P", "P_curve.png"),
+        ("recall", "R", "R_curve.png"),
+    ):
         y = np.asarray(curves[key], dtype=np.float64)
         fig = Figure(figsize=(8.5, 5))
         ax = fig.subplots()
@@ -250,7 +286,14 @@ def plot_confidence_curves(curves, names, out_dir):
                 ax.plot(x, y[k], lw=1, color=rgb01(int(k)), label=class_name(names, int(k)))
         if has.any():
             mean = y[has].mean(0)
-            ax.plot(x, mean, lw=3, color="blue", label=f"all classes {short} {mean[best]:.2f} at confidence {best_conf:.3f}" + ("" if key == "f1" else " (best F1)"))
+            ax.plot(
+                x,
+                mean,
+                lw=3,
+                color="blue",
+                label=f"all classes {short} {mean[best]:.2f} at confidence {best_conf:.3f}"
+                + ("" if key == "f1" else " (best F1)"),
+            )
             ax.axvline(best_conf, color="grey", ls="--", lw=1)
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))  # outside: never hides a curve
         else:
@@ -265,7 +308,9 @@ def in_background(function, *args, **kwargs):
     """Run function(*args, **kwargs) in a thread and return the thread, so the training loop never
     waits for a plot. Pass data the caller will not modify in place afterwards. Not a daemon thread:
     the interpreter waits for it at exit, so a run stopped early (--benchmark, SIGTERM) still writes it."""
-    thread = threading.Thread(target=function, args=args, kwargs=kwargs, name=f"plot {getattr(function, '__name__', '')}")
+    thread = threading.Thread(
+        target=function, args=args, kwargs=kwargs, name=f"plot {getattr(function, '__name__', '')}"
+    )
     thread.start()
     return thread
 

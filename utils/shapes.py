@@ -43,7 +43,9 @@ def _polygon(kind, cx, cy, r, angle):
         rad = np.where(np.arange(10) % 2 == 0, r, r * 0.42)
     elif kind == "cross":  # a plus sign: 12 corners
         a, b = r, r * 0.33
-        pts = np.array([(-b, -a), (b, -a), (b, -b), (a, -b), (a, b), (b, b), (b, a), (-b, a), (-b, b), (-a, b), (-a, -b), (-b, -b)])
+        pts = np.array(
+            [(-b, -a), (b, -a), (b, -b), (a, -b), (a, b), (b, b), (b, a), (-b, a), (-b, b), (-a, b), (-a, -b), (-b, -b)]
+        )
         t = np.arctan2(pts[:, 1], pts[:, 0])
         rad = np.hypot(pts[:, 0], pts[:, 1])
     else:
@@ -91,7 +93,9 @@ def _clutter(rng, img):
         elif kind == 1:
             axes = (int(rng.integers(5, w // 3)), int(rng.integers(5, h // 3)))
             start = int(rng.integers(0, 360))
-            cv2.ellipse(img, p, axes, 0, start, start + int(rng.integers(30, 160)), colour, int(rng.integers(1, 3)), cv2.LINE_AA)
+            cv2.ellipse(
+                img, p, axes, 0, start, start + int(rng.integers(30, 160)), colour, int(rng.integers(1, 3)), cv2.LINE_AA
+            )
         elif kind == 2:
             for _ in range(rng.integers(5, 30)):
                 q = (int(p[0] + rng.normal(0, 20)), int(p[1] + rng.normal(0, 20)))
@@ -165,7 +169,10 @@ def make_shapes(root, n_train=1000, n_val=200, seed=0, size=320):
             (root / "images" / split).mkdir(parents=True, exist_ok=True)
             (root / "labels" / split).mkdir(parents=True, exist_ok=True)
             # files of an earlier generation with other settings would otherwise stay in the set
-            for old in [*(root / "images" / split).glob(f"{split}_*.jpg"), *(root / "labels" / split).glob(f"{split}_*.txt")]:
+            for old in [
+                *(root / "images" / split).glob(f"{split}_*.jpg"),
+                *(root / "labels" / split).glob(f"{split}_*.txt"),
+            ]:
                 old.unlink()
             for i in range(n):
                 rng = np.random.default_rng([split_seed, i])  # each image depends only on (seed, index)
@@ -174,7 +181,10 @@ def make_shapes(root, n_train=1000, n_val=200, seed=0, size=320):
                 stem = f"{split}_{i:05d}"
                 jpeg = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90])[1]
                 atomic_write(root / "images" / split / f"{stem}.jpg", lambda f: f.write(jpeg.tobytes()))
-                rows = [f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / size:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / size:.6f}" for c, x1, y1, x2, y2 in labels]
+                rows = [
+                    f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / size:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / size:.6f}"
+                    for c, x1, y1, x2, y2 in labels
+                ]
                 # An image with no object gets no label file: the YOLO convention for a background image.
                 if rows:
                     write_text_atomic(root / "labels" / split / f"{stem}.txt", "\n".join(rows) + "\n")
