@@ -350,9 +350,8 @@ if is_main:
     val_set = ValDataset(val_records, args.imgsz, batch * 2, cache_ram=args.cache == "ram")
     val_loader = make_loader(val_set, batch_size=batch * 2, workers=args.workers, pin_memory=device.type == "cuda")
 nb = len(sampler)
-if (
-    is_main and checkpoint is None
-):  # look before training: shifted, swapped or mislabelled boxes show here (drawn in a thread)
+# Look before training: shifted, swapped or mislabelled boxes show in labels.jpg (drawn in a thread).
+if is_main and checkpoint is None:
     in_background(plot_labels, train_records, names, run_dir / "labels.jpg")
 warmup_iterations = max(round(args.warmup_epochs * nb), 100) if args.warmup_epochs > 0 else 0
 log.info(
@@ -460,13 +459,11 @@ for epoch in range(start_epoch, args.epochs):
         iteration = epoch * nb + i
         crash_context.update(epoch=epoch, iteration=i, batch={"images": images, "targets": targets})
         lr = set_learning_rate(optimizer, iteration, epoch, hyp, args.epochs, warmup_iterations)
-        if (
-            is_main and iteration < 3 and not args.benchmark
-        ):  # the augmented batches as the model sees them, boxes and names drawn
+        # The augmented batches as the model sees them, boxes and names drawn (in a thread).
+        if is_main and iteration < 3 and not args.benchmark:
             in_background(plot_batch, images.clone(), targets.clone(), names, run_dir / f"train_batch{iteration}.jpg")
-        images = (
-            images.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=torch.channels_last)
-        )  # pitfall D3: uint8 RGB -> 0..1, last
+        # pitfall D3: uint8 RGB -> 0..1, last, on the device
+        images = images.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=torch.channels_last)
         targets = targets.to(device)
         if args.multi_scale:  # a multiple of 32, and a pure function of (seed, iteration): all ranks agree (pitfall M4)
             size = multi_scale_size(args.imgsz, args.seed, iteration)
@@ -495,9 +492,8 @@ for epoch in range(start_epoch, args.epochs):
                 window_sums += parts
                 window_batches += 1
             except torch.OutOfMemoryError:
-                if (
-                    world_size > 1 and last_micro_step
-                ):  # the other ranks are inside this backward's all-reduce: no way back
+                # Under DDP the other ranks are inside this backward's all-reduce: there is no way back.
+                if world_size > 1 and last_micro_step:
                     raise
                 window_dropped = True
         maps = loss = None  # out of the except blocks: a failed step's graph is really released here

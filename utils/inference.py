@@ -135,9 +135,8 @@ def _load_onnx(path, device):
 def _load_torchscript(path, device):
     extra = {METADATA_FILE: ""}
     try:
-        with (
-            warnings.catch_warnings()
-        ):  # torch.jit is deprecated in favour of torch.export, yet still the portable format
+        # torch.jit is deprecated in favour of torch.export, yet still the portable format
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             module = torch.jit.load(str(path), map_location=device, _extra_files=extra)
         strings = json.loads(extra[METADATA_FILE] or "{}")
