@@ -107,9 +107,8 @@ class ModelWithNMS(torch.nn.Module):
         boxes, score, cls, image = boxes.reshape(-1, 4), score.flatten(), cls.flatten().to(boxes.dtype), image.flatten()
         keep = score > self.conf
         boxes, score, cls, image = boxes[keep], score[keep], cls[keep], image[keep]
-        keep = torchvision.ops.nms(
-            boxes + torch.stack((cls, image, cls, image), 1) * span, score, self.iou
-        )  # best first
+        # best first
+        keep = torchvision.ops.nms(boxes + torch.stack((cls, image, cls, image), 1) * span, score, self.iou)
         boxes, score, cls, image = boxes[keep], score[keep], cls[keep], image[keep]
         # Rank of each kept box among those of its image (they come best first): row in the output.
         same_image = (image[:, None] == images[None, :]).to(boxes.dtype)  # kept boxes x batch

@@ -253,9 +253,8 @@ def read_json(path, default=None):
 
 
 def write_json(path, data):
-    write_text_atomic(
-        path, json.dumps(data, indent=2, default=str) + "\n"
-    )  # readers (sweep.py table, a rerun) never see half a file
+    # readers (sweep.py table, a rerun) never see half a file
+    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def still_to_run(exp, force):
@@ -401,9 +400,8 @@ async def run_all(queue, workers):
             raise
 
     counts = {"total": len(queue), "done": 0, "failed": 0, "running": 0, "interrupted": 0, "failures": []}
-    results = await asyncio.gather(
-        *(guarded(gpus) for gpus in workers), return_exceptions=True
-    )  # let every worker clean up first
+    # let every worker clean up first
+    results = await asyncio.gather(*(guarded(gpus) for gpus in workers), return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
             raise result
@@ -550,9 +548,8 @@ def table(argv):
     if args.sort:
         if args.sort not in metric_names:
             raise SpecError(f"no metric named '{args.sort}' in {args.out} (found: {', '.join(metric_names)})")
-        found.sort(
-            key=lambda f: (0, -f[3][args.sort]) if isinstance(f[3].get(args.sort), (int, float)) else (1, 0)
-        )  # no value: last
+        # no value: last
+        found.sort(key=lambda f: (0, -f[3][args.sort]) if isinstance(f[3].get(args.sort), (int, float)) else (1, 0))
 
     rows = [["name", "status", *varying, *metric_names]]
     rows += [

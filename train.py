@@ -261,9 +261,8 @@ model.to(device, memory_format=torch.channels_last)
 if args.sync_bn and world_size > 1 and device.type == "cpu":
     log.warning("--sync-bn: torch's SyncBatchNorm has no CPU kernel; each process keeps its own BN statistics")
 elif args.sync_bn and world_size > 1:
-    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(
-        model
-    )  # pitfall M3: torch's own, current SyncBN (older ones had bugs)
+    # pitfall M3: torch's own, current SyncBN (older ones had bugs)
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 ema = ModelEMA(model, args.ema_decay, args.ema_tau)
 
 use_amp = args.amp if args.amp is not None else device.type == "cuda"
@@ -342,9 +341,8 @@ train_set = TrainDataset(
     cache_ram=args.cache == "ram",
 )
 sampler = EpochBatchSampler(len(train_set), batch, args.seed, rank, world_size, start_epoch, start_iteration)
-train_loader = make_loader(
-    train_set, sampler, workers=args.workers, pin_memory=device.type == "cuda"
-)  # pinned: async copies
+# pinned: async copies
+train_loader = make_loader(train_set, sampler, workers=args.workers, pin_memory=device.type == "cuda")
 batches = iter(train_loader)  # one iterator for the whole run: workers live as long as the run
 if is_main:
     val_set = ValDataset(val_records, args.imgsz, batch * 2, cache_ram=args.cache == "ram")
@@ -424,9 +422,8 @@ except ImportError:
 profiler = None
 if args.profile and is_main:
     profiler = torch.profiler.profile(
-        schedule=torch.profiler.schedule(
-            wait=1, warmup=1, active=3, repeat=1
-        ),  # once: repeat=0 would rewrite the trace every 5 steps
+        # once: repeat=0 would rewrite the trace every 5 steps
+        schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),
         on_trace_ready=lambda p: p.export_chrome_trace(str(run_dir / "profile_trace.json")),
         record_shapes=True,
     )

@@ -242,9 +242,8 @@ def test_ultralytics_yamls_load_unchanged(tmp_path, log_lines):
     data = D.load_dataset_yaml(repo / "data" / "coco.yaml")
     assert data["nc"] == 80 and data["names"][0] == "person" and data["names"][79] == "toothbrush"
     assert data["coco_json"] == coco.resolve() / "annotations" / "instances_val2017.json"
-    assert data["test"] == [] and any(
-        "test-dev2017.txt" in m for m in log_lines()
-    )  # optional, not downloaded: a warning
+    # optional, not downloaded: a warning
+    assert data["test"] == [] and any("test-dev2017.txt" in m for m in log_lines())
     assert len(D.load_verified(data["train"], data["nc"], "train")) == 2
     data = D.load_dataset_yaml(repo / "data" / "coco128.yaml")
     assert data["nc"] == 80 and data["train"] == data["val"] == [
@@ -775,9 +774,8 @@ class WorkerSettings(torch.utils.data.Dataset):
 def test_workers_have_cv2_threads_off_opencl_off_file_limit_raised_and_persist():
     cv2.setNumThreads(3)  # as if the main process had not called the fix: the worker must apply it itself
     try:
-        assert D.make_loader(
-            WorkerSettings(), batch_size=2, workers=0, pin_memory=True
-        ).pin_memory  # train.py: True on CUDA
+        # train.py: True on CUDA
+        assert D.make_loader(WorkerSettings(), batch_size=2, workers=0, pin_memory=True).pin_memory
         loader = D.make_loader(WorkerSettings(), batch_size=2, workers=2)
         assert loader.persistent_workers
         pids = set()
@@ -966,9 +964,8 @@ def test_coco_to_yolo_to_coco_round_trip(tmp_path):
         if not a["iscrowd"]
     )
     assert [g[:2] for g in got] == [w[:2] for w in want]
-    assert (
-        np.abs(np.array([g[2:] for g in got]) - np.array([w[2:] for w in want])).max() < 0.05
-    )  # 6 decimals of normalised coords
+    # 6 decimals of normalised coords
+    assert np.abs(np.array([g[2:] for g in got]) - np.array([w[2:] for w in want])).max() < 0.05
 
     from pycocotools.coco import COCO  # what evaluation uses must read it
 

@@ -24,9 +24,8 @@ def random_batch(seed, nc, imgsz=640, b=2, reg_max=16):
     rows = []
     for image in range(b):
         n = int(torch.randint(1, 12, (1,), generator=g))
-        sizes = torch.exp(
-            torch.empty(n, 2).uniform_(np.log(4), np.log(imgsz), generator=g)
-        )  # log-uniform, 4 px .. imgsz
+        # log-uniform, 4 px .. imgsz
+        sizes = torch.exp(torch.empty(n, 2).uniform_(np.log(4), np.log(imgsz), generator=g))
         x1y1 = torch.rand(n, 2, generator=g) * (imgsz - sizes)
         classes = torch.randint(0, nc, (n, 1), generator=g).float()
         classes[0] = nc - 1  # the highest class id always occurs

@@ -107,9 +107,8 @@ def test_two_epoch_run_writes_every_output(tiny_data, tmp_path):
         assert column in rows[0] and float(rows[-1][column]) == float(rows[-1][column])  # present, not NaN
     last, best = load(out / "weights/last.pt"), load(out / "weights/best.pt")
     assert last["epoch"] == 2 and last["iteration"] == 0 and "optimizer" in last and "scaler" in last
-    assert (
-        "optimizer" not in best and best["names"][0] == "circle" and best["imgsz"] == 64
-    )  # deployable, self-describing
+    # deployable, self-describing
+    assert "optimizer" not in best and best["names"][0] == "circle" and best["imgsz"] == 64
     assert torch.equal(best["model"]["head.cls.0.2.bias"], last["ema"]["head.cls.0.2.bias"]) or best["epoch"] == 1
     metrics = json.loads((out / "metrics.json").read_text())
     assert {"mAP50", "mAP50-95", "precision", "recall"} <= metrics.keys()
@@ -307,9 +306,8 @@ def test_nan_loss_is_skipped_and_repeated_nan_writes_crash(tiny_data, tmp_path):
     assert row["nonfinite_skipped_steps"] == "1"
     state = load(tmp_path / "once/weights/last.pt")
     assert torch.isfinite(state["model"]["head.cls.0.2.weight"]).all() and state["ema_updates"] == 2
-    assert all(
-        math.isfinite(float(row[k])) for k in ("box_loss", "cls_loss", "dfl_loss")
-    )  # the NaN step is not in the means
+    # the NaN step is not in the means
+    assert all(math.isfinite(float(row[k])) for k in ("box_loss", "cls_loss", "dfl_loss"))
 
     always = make_wrapper(
         tmp_path,

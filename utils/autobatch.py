@@ -46,6 +46,5 @@ def auto_batch_size(model, imgsz, device, amp_dtype=None, share=0.6):
         probe.zero_grad(set_to_none=True)
         return None if ran_out else torch.cuda.max_memory_allocated(device) - start
 
-    return fit_batch_size(
-        memory_at, free, share
-    )  # the probe's memory stays in torch's cache, for the training to reuse
+    # the probe's memory stays in torch's cache, for the training to reuse
+    return fit_batch_size(memory_at, free, share)

@@ -195,9 +195,8 @@ def read_image(path):
     img = cv2.imread(path, cv2.IMREAD_COLOR)
     if img is None:
         return None
-    return cv2.cvtColor(
-        img, cv2.COLOR_BGR2RGB
-    )  # pitfalls D1-D2: cv2 reads BGR, the model and the HSV code expect RGB: convert once, here
+    # pitfalls D1-D2: cv2 reads BGR, the model and the HSV code expect RGB: convert once, here
+    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
 
 
 def jpeg_is_complete(path):

@@ -25,9 +25,8 @@ def predict_dataset(model, loader, device, conf=0.001, iou=0.7, max_det=300, hal
     """Detections of every validation image in original pixels: dict dataset index -> (n, 6) array
     of x1 y1 x2 y2 score class. Also the time per image of each stage, in ms."""
     model.eval()  # pitfall M1: BN and dropout must be in inference mode
-    dtype = next(
-        model.parameters()
-    ).dtype  # fp16 after val.py --half; fp32 weights (the EMA in training) run in autocast
+    # fp16 after val.py --half; fp32 weights (the EMA in training) run in autocast
+    dtype = next(model.parameters()).dtype
     results, seconds, images = {}, np.zeros(3), 0
     for batch, _, metas in loader:
         synchronize(device)
