@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from models.yolo import YOLO, count_gflops, count_parameters
-from utils.autobatch import auto_batch_size
+from utils.autobatch import batch_from_memory, too_large_batch
 from utils.checkpoint import (
     FORMAT,
     CheckpointError,
@@ -48,7 +48,7 @@ from utils.data import (
     multi_scale_size,
     single_class,
 )
-from utils.distributed import any_rank, barrier, realign_ddp, setup_distributed
+from utils.distributed import amp_dtype_for, any_rank, barrier, realign_ddp, setup_distributed
 from utils.ema import ModelEMA, unwrap
 from utils.evaluate import evaluate, format_table
 from utils.general import abort_run, explicit_flags, install_crash_handler, next_run_dir, seed_everything, setup_logging
@@ -184,11 +184,8 @@ if args.resume:
         sys.exit(f"--resume: {path} holds no training state (best.pt has none); resume from last.pt")
     # The run continues with the arguments it was started with; only where and how it runs may change
     # (another machine: its devices, its cores, the AMP its GPU supports).
-    where = {
-        k: getattr(args, k)
-        for k in ("device", "workers", "amp", "amp_dtype")
-        if k in given_flags or k in ("device", "workers")
-    }
+    changeable = ["device", "workers"] + [k for k in ("amp", "amp_dtype") if k in given_flags]
+    where = {k: getattr(args, k) for k in changeable}
     args = argparse.Namespace(**{**vars(parser.parse_args([])), **checkpoint["args"], **where, "resume": str(path)})
     args.out = str(Path(path).parents[1])
 
@@ -205,6 +202,7 @@ if world_size > 1:  # every rank writes nothing, but all must agree on the folde
     dist.broadcast_object_list(shared, src=0)
     run_dir = Path(shared[0])
 args.out = str(run_dir)
+last_pt = run_dir / "weights" / "last.pt"
 log = setup_logging(run_dir / "train.log" if is_main else None, rank)
 crash_context = {"args": vars(args), "epoch": None, "iteration": None, "last_checkpoint": None, "batch": None}
 if is_main:
@@ -266,25 +264,10 @@ elif args.sync_bn and world_size > 1:
 ema = ModelEMA(model, args.ema_decay, args.ema_tau)
 
 use_amp = args.amp if args.amp is not None else device.type == "cuda"
-# bf16 where the hardware computes in it: CPUs and GPUs of compute capability 8.0+ (on older GPUs
-# torch.cuda.is_bf16_supported() is true too, emulated and slow). Elsewhere fp16, which needs loss scaling.
-native_bf16 = device.type == "cpu" or (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0))
-amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "auto": torch.bfloat16 if native_bf16 else torch.float16}[
-    args.amp_dtype
-]
-
-if args.batch == -1 and world_size > 1:
-    sys.exit(
-        "--batch -1 measures one GPU; under torchrun give the total --batch (e.g. the single-GPU figure times the GPUs)"
-    )
-if args.batch == -1 and device.type != "cuda":
-    log.warning(
-        f"--batch -1 measures free GPU memory and needs a CUDA device; using --batch {parser.get_default('batch')}"
-    )
-    args.batch = parser.get_default("batch")
-elif args.batch == -1:
-    args.batch = auto_batch_size(model, args.imgsz, device, amp_dtype if use_amp else None)
-    log.info(f"--batch -1: batch {args.batch} uses about 60% of {device}'s free memory")
+amp_dtype = amp_dtype_for(device, args.amp_dtype)  # auto: bf16 where the hardware has it, else fp16
+if args.batch == -1:  # measured on the GPU (utils/autobatch.py)
+    amp = amp_dtype if use_amp else None
+    args.batch = batch_from_memory(model, args.imgsz, device, amp, world_size, default=parser.get_default("batch"))
 if args.batch < 1 or args.batch % world_size:
     sys.exit(
         f"--batch {args.batch} must be positive and divisible by the number of processes ({world_size}), "
@@ -317,12 +300,8 @@ if checkpoint is not None:
     optimizer.load_state_dict(checkpoint["optimizer"])
     if checkpoint["scaler"]:  # empty when saved without fp16: a run resumed in fp16 then starts a new loss scale
         scaler.load_state_dict(checkpoint["scaler"])
-    start_epoch, start_iteration, best_fitness = (
-        checkpoint["epoch"],
-        checkpoint["iteration"],
-        checkpoint["best_fitness"],
-    )
-    best_epoch = checkpoint.get("best_epoch", start_epoch)  # --patience counts from here
+    start_epoch, start_iteration = checkpoint["epoch"], checkpoint["iteration"]
+    best_fitness, best_epoch = checkpoint["best_fitness"], checkpoint.get("best_epoch", start_epoch)  # --patience
     set_rng_states(checkpoint["rng"])
     log.info(f"resuming {args.resume} at epoch {start_epoch}, iteration {start_iteration}")
 if world_size > 1:
@@ -375,6 +354,12 @@ def training_state(epoch, iteration):
     }  # fmt: skip
 
 
+def save_last(epoch, iteration):
+    """Rank 0: last.pt, written atomically, and its path in the crash context."""
+    save_checkpoint(training_state(epoch, iteration), last_pt)
+    crash_context["last_checkpoint"] = str(last_pt)
+
+
 stop_requested = False
 
 
@@ -391,21 +376,8 @@ def request_stop(signum, frame):
 signal.signal(signal.SIGTERM, request_stop)
 signal.signal(signal.SIGINT, request_stop)
 results_csv = run_dir / "results.csv"
-columns = [
-    "epoch",
-    "box_loss",
-    "cls_loss",
-    "dfl_loss",
-    "precision",
-    "recall",
-    "mAP50",
-    "mAP50-95",
-    "lr",
-    "seconds",
-    "assign_on_cpu",
-    "oom_skipped_steps",
-    "nonfinite_skipped_steps",
-]
+columns = "epoch box_loss cls_loss dfl_loss precision recall mAP50 mAP50-95 lr seconds".split()
+columns += ["assign_on_cpu", "oom_skipped_steps", "nonfinite_skipped_steps"]  # faults, counted per epoch
 if is_main and (checkpoint is None or not results_csv.exists()):
     results_csv.write_text(",".join(columns) + "\n")
 elif is_main:  # a killed run may have written rows past its last save: drop them, they are redone
@@ -438,8 +410,9 @@ for epoch in range(start_epoch, args.epochs):
     first = start_iteration if epoch == start_epoch else 0
     # Loss parts are summed on the device, per accumulation window, and read once per optimizer step.
     sums, window_sums = torch.zeros(3, device=device), torch.zeros(3, device=device)
-    counts = dict(batches=0, oom_skipped_steps=0, nonfinite_skipped_steps=0)
-    window_batches, window_dropped, loss_fn.assignments_on_cpu = 0, False, 0
+    faults = dict(assign_on_cpu=0, oom_skipped_steps=0, nonfinite_skipped_steps=0)
+    batches_done, window_batches, window_dropped = 0, 0, False
+    assignments_on_cpu_before = loss_fn.assignments_on_cpu
     lr = optimizer.param_groups[-1]["lr"]  # (a run resumed at the very end of an epoch trains no step in it)
     if epoch == args.epochs - args.close_mosaic and is_main and hyp["mosaic"] > 0:
         log.info(f"epoch {epoch + 1}: mosaic off for the last {args.close_mosaic} epochs")
@@ -504,26 +477,21 @@ for epoch in range(start_epoch, args.epochs):
                 if world_size > 1:
                     realign_ddp(model, device)
                 optimizer.zero_grad(set_to_none=True)  # half-accumulated gradients are not a step
-                counts["oom_skipped_steps"] += 1
+                faults["oom_skipped_steps"] += 1
                 oom_in_a_row += 1
                 log.warning(f"out of memory at epoch {epoch + 1} iteration {i}: step skipped ({oom_in_a_row} in a row)")
                 if oom_in_a_row >= MAX_OOM_STEPS:
-                    smaller = max(args.batch // 2 // world_size * world_size, world_size)
-                    advice = f"try --batch {smaller}" + (
-                        "" if args.checkpoint_activations else " or --checkpoint-activations"
+                    why = too_large_batch(
+                        oom_in_a_row, args.batch, world_size, images.shape[-1], args.checkpoint_activations
                     )
-                    message = (
-                        f"stopping: out of memory in {oom_in_a_row} optimizer steps in a row: --batch {args.batch} "
-                        f"({batch} per process) does not fit at {images.shape[-1]} px; {advice}"
-                    )
-                    abort_run(run_dir, message, crash_context, is_main)
+                    abort_run(run_dir, why, crash_context, is_main)
             elif optimizer_step(model, optimizer, scaler, args.clip_grad):
                 ema.update(model)
                 sums += window_sums
-                counts["batches"] += window_batches
+                batches_done += window_batches
                 nonfinite_in_a_row = oom_in_a_row = 0
             else:
-                counts["nonfinite_skipped_steps"] += 1
+                faults["nonfinite_skipped_steps"] += 1
                 nonfinite_in_a_row, oom_in_a_row = nonfinite_in_a_row + 1, 0
                 note = f"; fp16 loss scale now {scaler.get_scale():g}" if scaler.is_enabled() else ""
                 log.warning(
@@ -533,12 +501,8 @@ for epoch in range(start_epoch, args.epochs):
                 # fp16: the loss scale starts at 2^16 and halves on each overflow; up to 16 such steps are
                 # its search, not a fault.
                 if nonfinite_in_a_row >= MAX_NONFINITE_STEPS + (16 if scaler.is_enabled() else 0):
-                    abort_run(
-                        run_dir,
-                        f"stopping: {nonfinite_in_a_row} optimizer steps in a row with NaN/Inf gradients",
-                        crash_context,
-                        is_main,
-                    )
+                    why = f"stopping: {nonfinite_in_a_row} optimizer steps in a row with NaN/Inf gradients"
+                    abort_run(run_dir, why, crash_context, is_main)
             window_sums.zero_()
             window_batches, window_dropped = 0, False
             # Saving and stopping happen only here, between optimizer steps, so that no accumulated
@@ -546,18 +510,14 @@ for epoch in range(start_epoch, args.epochs):
             pending_save |= bool(args.save_every) and (i + 1) % args.save_every < accumulate
             if stop:
                 if is_main:
-                    save_checkpoint(training_state(epoch, i + 1), run_dir / "weights" / "last.pt")
-                    log.info(
-                        f"saved {run_dir / 'weights/last.pt'} at epoch {epoch + 1} iteration {i + 1}; "
-                        "resume with --resume"
-                    )
+                    save_last(epoch, i + 1)
+                    log.info(f"saved {last_pt} at epoch {epoch + 1} iteration {i + 1}; resume with --resume")
                 sys.exit(0)
             if pending_save and is_main:
-                save_checkpoint(training_state(epoch, i + 1), run_dir / "weights" / "last.pt")
-                crash_context["last_checkpoint"] = str(run_dir / "weights" / "last.pt")
+                save_last(epoch, i + 1)
             pending_save = False
             if is_main:
-                means = (sums / max(counts["batches"], 1)).tolist()
+                means = (sums / max(batches_done, 1)).tolist()
                 memory = torch.cuda.memory_reserved(device) / 2**30 if device.type == "cuda" else 0
                 rate = (i + 1 - first) * args.batch / (time.time() - epoch_start)
                 progress.set_postfix_str(
@@ -607,23 +567,10 @@ for epoch in range(start_epoch, args.epochs):
                     "args": vars(args),
                 }
                 save_checkpoint(best, run_dir / "weights" / "best.pt")  # deployable: EMA weights, no optimizer
-        losses = (sums / max(counts["batches"], 1)).tolist()
-        faults = {
-            "assign_on_cpu": loss_fn.assignments_on_cpu,
-            "oom_skipped_steps": counts["oom_skipped_steps"],
-            "nonfinite_skipped_steps": counts["nonfinite_skipped_steps"],
-        }
-        row = [
-            epoch + 1,
-            *losses,
-            metrics["precision"],
-            metrics["recall"],
-            metrics["mAP50"],
-            metrics["mAP50-95"],
-            lr,
-            time.time() - epoch_start,
-            *faults.values(),
-        ]
+        losses = (sums / max(batches_done, 1)).tolist()
+        faults["assign_on_cpu"] = loss_fn.assignments_on_cpu - assignments_on_cpu_before
+        scores = [metrics[k] for k in ("precision", "recall", "mAP50", "mAP50-95")]
+        row = [epoch + 1, *losses, *scores, lr, time.time() - epoch_start, *faults.values()]
         with results_csv.open("a") as f:
             f.write(",".join(f"{v:.5g}" if isinstance(v, float) else str(v) for v in row) + "\n")
         plot_results(results_csv, run_dir / "results.png")
@@ -636,8 +583,7 @@ for epoch in range(start_epoch, args.epochs):
             f"mAP50 {metrics['mAP50']:.3f} mAP50-95 {metrics['mAP50-95']:.3f} | {time.time() - epoch_start:.0f} s"
             + "".join(f" | {k.replace('_', ' ')} {v}" for k, v in faults.items() if v)
         )
-        save_checkpoint(training_state(epoch + 1, 0), run_dir / "weights" / "last.pt")
-        crash_context["last_checkpoint"] = str(run_dir / "weights" / "last.pt")
+        save_last(epoch + 1, 0)
     # --patience: rank 0 saw the fitness; the vote is also the barrier where the other ranks wait for it
     patience_over = is_main and args.patience > 0 and epoch + 1 - best_epoch >= args.patience and not final_epoch
     if any_rank([patience_over], world_size, flags_group)[0]:

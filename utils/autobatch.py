@@ -1,12 +1,31 @@
 """--batch -1: the largest batch that fits in a share of the GPU's free memory, measured, not guessed."""
 
 import copy
+import logging
 
 import numpy as np
 import torch
 
+SHARE = 0.6  # of the free GPU memory: room for larger images (multi-scale), more boxes, fragmentation
+log = logging.getLogger("yolo")
 
-def fit_batch_size(memory_at, free_bytes, share=0.6, probes=(1, 2, 4, 8, 16)):
+
+def batch_from_memory(model, imgsz, device, amp_dtype, world_size, default):
+    """--batch -1: the batch one GPU fits, measured; on a CPU there is nothing to measure: `default`."""
+    if world_size > 1:
+        raise SystemExit(
+            "--batch -1 measures one GPU; under torchrun give the total --batch "
+            "(e.g. the single-GPU figure times the GPUs)"
+        )
+    if device.type != "cuda":
+        log.warning(f"--batch -1 measures free GPU memory and needs a CUDA device; using --batch {default}")
+        return default
+    batch = auto_batch_size(model, imgsz, device, amp_dtype)
+    log.info(f"--batch -1: batch {batch} uses about {SHARE:.0%} of {device}'s free memory")
+    return batch
+
+
+def fit_batch_size(memory_at, free_bytes, share=SHARE, probes=(1, 2, 4, 8, 16)):
     """Fit memory = fixed + per_image * batch to the memory measured at a few batch sizes
     (`memory_at(b)`: bytes, or None when b ran out of memory) and solve for `share` of `free_bytes`.
     Never more than the first size that ran out of memory, never less than 1."""
@@ -25,7 +44,7 @@ def fit_batch_size(memory_at, free_bytes, share=0.6, probes=(1, 2, 4, 8, 16)):
     return max(1, min(batch, ceiling) if ceiling else batch)
 
 
-def auto_batch_size(model, imgsz, device, amp_dtype=None, share=0.6):
+def auto_batch_size(model, imgsz, device, amp_dtype=None, share=SHARE):
     """Measure a training step's peak memory on a copy of the model (BN statistics of the real one stay
     untouched) at batch 1..16 and fit the batch that uses `share` of the memory free now."""
     probe = copy.deepcopy(model).train()
@@ -48,3 +67,14 @@ def auto_batch_size(model, imgsz, device, amp_dtype=None, share=0.6):
 
     # the probe's memory stays in torch's cache, for the training to reuse
     return fit_batch_size(memory_at, free, share)
+
+
+def too_large_batch(steps, total_batch, world_size, size, checkpointing):
+    """The sentence a run stops with after `steps` optimizer steps in a row ran out of memory:
+    what did not fit, and a smaller --batch (still a multiple of the process count) to try."""
+    smaller = max(total_batch // 2 // world_size * world_size, world_size)
+    advice = f"try --batch {smaller}" + ("" if checkpointing else " or --checkpoint-activations")
+    return (
+        f"stopping: out of memory in {steps} optimizer steps in a row: --batch {total_batch} "
+        f"({total_batch // world_size} per process) does not fit at {size} px; {advice}"
+    )

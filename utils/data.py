@@ -642,9 +642,15 @@ def _worker_init(main_exiting, _):
     torch.set_num_threads(1)  # a worker needs no intra-op threads; they would fight the main process
 
 
+@functools.cache
+def _main_exiting():
+    """One event per process, shared by all its loaders' workers, set when the process exits."""
+    event = multiprocessing.Event()
+    atexit.register(event.set)  # runs before multiprocessing's exit hook (registered earlier, by `import torch`)
+    return event
+
+
 def make_loader(dataset, batch_sampler=None, batch_size=None, workers=2, pin_memory=False):
-    main_exiting = multiprocessing.Event()
-    atexit.register(main_exiting.set)  # runs before multiprocessing's exit hook (registered earlier, by `import torch`)
     return torch.utils.data.DataLoader(
         dataset,
         batch_sampler=batch_sampler,
@@ -653,7 +659,7 @@ def make_loader(dataset, batch_sampler=None, batch_size=None, workers=2, pin_mem
         num_workers=workers,
         collate_fn=collate,
         pin_memory=pin_memory,
-        worker_init_fn=functools.partial(_worker_init, main_exiting),
+        worker_init_fn=functools.partial(_worker_init, _main_exiting()),
         persistent_workers=workers > 0,  # pitfall D8: workers re-created each epoch would re-import code edited since
         prefetch_factor=4 if workers > 0 else None,
     )

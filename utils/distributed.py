@@ -81,6 +81,16 @@ def select_device(device_arg):
     return device
 
 
+def amp_dtype_for(device, choice="auto"):
+    """--amp-dtype: bf16 or fp16, or auto: bf16 where the hardware computes in it (CPUs, GPUs of compute
+    capability 8.0+; on older GPUs torch.cuda.is_bf16_supported() is true too, but emulated and slow),
+    else fp16, which needs loss scaling."""
+    if choice != "auto":
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}[choice]
+    native_bf16 = device.type == "cpu" or (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0))
+    return torch.bfloat16 if native_bf16 else torch.float16
+
+
 def barrier(world_size, group=None):
     if world_size > 1:
         dist.barrier(group=group)

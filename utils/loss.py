@@ -46,7 +46,7 @@ class DetectionLoss:
 
     total: a scalar to backpropagate; parts: detached tensor of (box, cls, dfl), per image. Both fp32.
     `assignments_on_cpu` counts the label assignments that ran out of GPU memory and were redone on
-    the CPU (train.py reports it per epoch).
+    the CPU, a running total (train.py reports how many each epoch added).
     """
 
     def __init__(self, head, box_gain=7.5, cls_gain=0.5, dfl_gain=1.5, topk=10):
