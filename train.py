@@ -25,7 +25,7 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from models.yolo import YOLO, count_gflops, count_parameters
+from models.yolo import SCALES, YOLO, class_width, count_gflops, count_parameters
 from utils.autobatch import batch_from_memory, too_large_batch
 from utils.checkpoint import (
     FORMAT,
@@ -107,8 +107,10 @@ parser = argparse.ArgumentParser(
     description="Train a YOLO detector", formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False
 )
 parser.add_argument("--data", default="data/shapes.yaml", help="dataset yaml")
-parser.add_argument("--model", default="n", help="n, s, m, l, x, or a .pt to start from (its scale and weights)")
-parser.add_argument("--weights", default="", help="initialise from this checkpoint (layers that match)")
+parser.add_argument(
+    "--model", default="n", help="YOLOv8 n, s, m, l, x; YOLO11 11n .. 11x; or a .pt (ours or Ultralytics'): its model"
+)
+parser.add_argument("--weights", default="", help="initialise from this .pt, ours or Ultralytics' (tensors that match)")
 parser.add_argument("--epochs", type=int, default=100)
 parser.add_argument(
     "--batch", type=int, default=16, help="total batch size over all GPUs; -1: from the free GPU memory (one GPU)"
@@ -235,22 +237,35 @@ train_records = train_records[: max(1, round(len(train_records) * args.fraction)
 names, nc = data["names"], data["nc"]
 if args.single_cls:  # one class "object": a detector of where things are, whatever they are
     names, nc, train_records, val_records = ["object"], 1, single_class(train_records), single_class(val_records)
+if not args.model.endswith(".pt") and args.model not in SCALES:
+    sys.exit(f"error: --model {args.model}: give one of {', '.join(SCALES)} or a .pt file")
 if args.imgsz % 32:
     sys.exit(f"--imgsz {args.imgsz} must be a multiple of 32 (the largest stride)")
 
 # -----------------------------------------------------------------------------------------------
 # Model, EMA, optimizer, loss
-scale, init_from = args.model, args.weights
-if args.model.endswith(".pt"):
-    init_from, scale = args.model, load_checkpoint(args.model)["scale"]
-model = YOLO(scale, nc, checkpoint_activations=args.checkpoint_activations)
-if init_from and checkpoint is None:
-    source = load_checkpoint(init_from)
-    weights = source.get("ema") or source["model"]
-    own = model.state_dict()
+init_from = args.model if args.model.endswith(".pt") else args.weights
+try:  # ours or an Ultralytics .pt (read without running code from it: utils/ultralytics_checkpoint.py)
+    source = load_checkpoint(init_from) if init_from and checkpoint is None else None  # a resume has its own
+except CheckpointError as e:
+    sys.exit(f"error: {e}")
+scale = checkpoint["scale"] if checkpoint else source["scale"] if args.model.endswith(".pt") else args.model
+# The class branch keeps the width of the weights it starts from (or resumes): with another class count,
+# all but its last convs then transfer.
+start = source or checkpoint
+cls_width = class_width(start.get("ema") or start["model"]) if start else 0
+model = YOLO(scale, nc, checkpoint_activations=args.checkpoint_activations, cls_width=cls_width)
+if source:
+    weights, own = source.get("ema") or source["model"], model.state_dict()
     matching = {k: v for k, v in weights.items() if k in own and own[k].shape == v.shape}
     model.load_state_dict(matching, strict=False)
-    log.info(f"initialised {len(matching)}/{len(own)} tensors from {init_from}")
+    log.info(
+        f"initialised {len(matching)}/{len(own)} tensors from {init_from} "
+        f"({source.get('source', 'this repo')}, model {source['scale']}, {source['nc']} classes)"
+    )
+    fresh = [k for k in own if k not in matching]  # another class count: the last class convs
+    if fresh:
+        log.info(f"start fresh (no tensor of that name and shape): {', '.join(fresh[:6])}{' ...' * (len(fresh) > 6)}")
 for name, p in model.named_parameters():
     p.requires_grad_(not any(name.startswith(prefix) for prefix in args.freeze.split(",") if prefix))
 # channels_last: the layout oneDNN (CPU) and cuDNN tensor cores (AMP) run convolutions fastest in

@@ -60,6 +60,8 @@ if not weights:
 try:
     checkpoint = load_checkpoint(weights)
     model = model_from_checkpoint(checkpoint, weights)
+    if not (args.data or checkpoint["args"].get("data")):  # an Ultralytics file names no dataset of ours
+        sys.exit(f"error: {weights} does not say which dataset it was trained on; give --data")
     data = load_dataset_yaml(args.data or checkpoint["args"]["data"])
     records = load_verified(data[args.split], data["nc"], args.split) if data[args.split] else None
 except (CheckpointError, DatasetError) as e:

@@ -56,7 +56,6 @@ from ultralytics import YOLO  # noqa: E402
 from ultralytics.utils import USER_CONFIG_DIR  # noqa: E402
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
-MODEL_CFG = "yolov8n.yaml"  # architecture file shipped inside the ultralytics package: nothing to download
 
 
 def parse_args():
@@ -64,6 +63,12 @@ def parse_args():
         description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument("--data", default="data/shapes.yaml", help="our dataset yaml (path relative to its folder)")
+    parser.add_argument(
+        "--model",
+        default="yolov8n.yaml",
+        help="architecture file shipped inside the ultralytics package (nothing to download): yolov8n.yaml, "
+        "yolo11s.yaml, ... (the scale letter in the name picks the scale)",
+    )
     parser.add_argument("--epochs", type=int, default=100, help="0 = no training (only makes sense with --export-onnx)")
     parser.add_argument("--imgsz", type=int, default=320, help="train, val and export size")
     parser.add_argument("--batch", type=int, default=16, help="training batch (Ultralytics validates at 2x)")
@@ -259,12 +264,12 @@ def export_onnx(args, out, best):
         print(f"onnx: {path}")
         return str(path)
     # No training: an untrained model with our class count, so its head is the size of a trained one. The yaml
-    # keeps the name yolov8n.yaml because Ultralytics reads the scale (n) from the file name.
+    # keeps the file's name because Ultralytics reads the scale from the file name.
     from ultralytics.nn.tasks import yaml_model_load
 
-    cfg = {k: v for k, v in yaml_model_load(MODEL_CFG).items() if k not in {"scale", "yaml_file"}}
+    cfg = {k: v for k, v in yaml_model_load(args.model).items() if k not in {"scale", "yaml_file"}}
     cfg["nc"] = len(yaml.safe_load(Path(args.data).read_text())["names"])
-    cfg_path = out / MODEL_CFG
+    cfg_path = out / args.model
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     cwd = os.getcwd()
     os.chdir(out)  # an export from a yaml model is written to the current folder: make that OUT
@@ -297,7 +302,7 @@ def main():
         "imgsz": args.imgsz,
         "batch": args.batch,
         "images_per_second": None,
-        "model": MODEL_CFG,
+        "model": args.model,
         "ultralytics": ultralytics.__version__,
         "torch": torch.__version__,
         "threads": args.threads,
@@ -322,7 +327,7 @@ def main():
         summary.update(n_train=n_train, n_val=n_val, nc=nc, data_yaml=str(data_yaml))
         print(f"dataset: {data_yaml} ({n_train} train, {n_val} val images, {nc} classes)")
 
-        model = YOLO(MODEL_CFG)
+        model = YOLO(args.model)
         add_cpu_callbacks(model, args.threads, args.workers)
         if args.benchmark_iters:
             # Ultralytics turns mosaic off for the last close_mosaic (10) epochs, so with a short epoch count the

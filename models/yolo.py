@@ -17,13 +17,19 @@ from torch.utils.checkpoint import checkpoint
 from utils.boxes import dfl_decode, distances_to_boxes, make_anchors
 from utils.checkpoint import FORMAT, CheckpointError, load_checkpoint
 
-# scale: (depth multiple, width multiple, max channels), the values users of YOLOv8 know.
+# model name: (depth multiple, width multiple, max channels), the values users of Ultralytics know.
+# n..x are YOLOv8 (this repo's models since its start), 11n..11x are YOLO11.
 SCALES = {
     "n": (0.33, 0.25, 1024),
     "s": (0.33, 0.50, 1024),
     "m": (0.67, 0.75, 768),
     "l": (1.00, 1.00, 512),
     "x": (1.00, 1.25, 512),
+    "11n": (0.50, 0.25, 1024),
+    "11s": (0.50, 0.50, 1024),
+    "11m": (0.50, 1.00, 512),
+    "11l": (1.00, 1.00, 512),
+    "11x": (1.00, 1.50, 512),
 }
 STRIDES = (8, 16, 32)
 
@@ -48,6 +54,8 @@ class Conv(nn.Module):
 
 
 class Bottleneck(nn.Module):
+    """Two 3x3 convs, with a residual connection when the shapes allow it."""
+
     def __init__(self, c_in, c_out, shortcut=True, expansion=1.0):
         super().__init__()
         hidden = int(c_out * expansion)
@@ -63,9 +71,9 @@ class Bottleneck(nn.Module):
 class C2f(nn.Module):
     """CSP block: split, run n bottlenecks on one half, concatenate every intermediate output."""
 
-    def __init__(self, c_in, c_out, n=1, shortcut=False):
+    def __init__(self, c_in, c_out, n=1, shortcut=False, expansion=0.5):
         super().__init__()
-        self.hidden = c_out // 2
+        self.hidden = int(c_out * expansion)
         self.cv1 = Conv(c_in, 2 * self.hidden, 1)
         self.cv2 = Conv((2 + n) * self.hidden, c_out, 1)
         self.m = nn.ModuleList(Bottleneck(self.hidden, self.hidden, shortcut) for _ in range(n))
@@ -75,6 +83,85 @@ class C2f(nn.Module):
         for block in self.m:
             y.append(block(y[-1]))
         return self.cv2(torch.cat(y, 1))
+
+
+class C3k(nn.Module):
+    """CSP block with two branches: n bottlenecks after one 1x1 projection, the other projection kept as is."""
+
+    def __init__(self, c_in, c_out, n=2, shortcut=True):
+        super().__init__()
+        hidden = c_out // 2
+        self.cv1 = Conv(c_in, hidden, 1)
+        self.cv2 = Conv(c_in, hidden, 1)
+        self.cv3 = Conv(2 * hidden, c_out, 1)
+        self.m = nn.Sequential(*(Bottleneck(hidden, hidden, shortcut) for _ in range(n)))
+
+    def forward(self, x):
+        return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), 1))
+
+
+class C3k2(C2f):
+    """YOLO11's C2f: each inner block is a C3k (the deep variant) or a bottleneck of half width."""
+
+    def __init__(self, c_in, c_out, n=1, deep=False, expansion=0.5, shortcut=True):
+        super().__init__(c_in, c_out, n, shortcut, expansion)
+        h = self.hidden
+        self.m = nn.ModuleList(
+            C3k(h, h, 2, shortcut) if deep else Bottleneck(h, h, shortcut, expansion=0.5) for _ in range(n)
+        )
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention over the pixels of a feature map, with 1x1 convs as projections and a
+    depthwise 3x3 on the values as position encoding. Keys are half the width of values (attn_ratio 0.5)."""
+
+    def __init__(self, dim, num_heads):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.key_dim = self.head_dim // 2
+        self.scale = self.key_dim**-0.5
+        self.qkv = Conv(dim, dim + 2 * self.key_dim * num_heads, 1, act=False)
+        self.proj = Conv(dim, dim, 1, act=False)
+        self.pe = Conv(dim, dim, 3, groups=dim, act=False)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        q, k, v = (
+            self.qkv(x)
+            .view(b, self.num_heads, 2 * self.key_dim + self.head_dim, h * w)
+            .split((self.key_dim, self.key_dim, self.head_dim), 2)
+        )
+        attn = ((q * self.scale).transpose(-2, -1) @ k).softmax(-1)  # pixels x pixels, per head
+        x = (v @ attn.transpose(-2, -1)).view(b, c, h, w) + self.pe(v.reshape(b, c, h, w))
+        return self.proj(x)
+
+
+class PSABlock(nn.Module):
+    """Attention then a 1x1 feed-forward, each with a residual connection (a transformer block in convs)."""
+
+    def __init__(self, c, num_heads):
+        super().__init__()
+        self.attn = Attention(c, num_heads)
+        self.ffn = nn.Sequential(Conv(c, 2 * c, 1), Conv(2 * c, c, 1, act=False))
+
+    def forward(self, x):
+        x = x + self.attn(x)
+        return x + self.ffn(x)
+
+
+class C2PSA(nn.Module):
+    """YOLO11's attention stage after SPPF: split in two halves, n PSA blocks on one, concatenate."""
+
+    def __init__(self, c, n=1):
+        super().__init__()
+        self.hidden = c // 2
+        self.cv1 = Conv(c, 2 * self.hidden, 1)
+        self.cv2 = Conv(2 * self.hidden, c, 1)
+        self.m = nn.Sequential(*(PSABlock(self.hidden, max(self.hidden // 64, 1)) for _ in range(n)))
+
+    def forward(self, x):
+        a, b = self.cv1(x).split((self.hidden, self.hidden), 1)
+        return self.cv2(torch.cat((a, self.m(b)), 1))
 
 
 class SPPF(nn.Module):
@@ -96,24 +183,36 @@ class SPPF(nn.Module):
 
 class Detect(nn.Module):
     """Decoupled head: per level, one branch predicts box side distances as distributions over
-    `reg_max` bins (DFL), the other class logits. Anchor-free: one prediction per grid cell."""
+    `reg_max` bins (DFL), the other class logits. Anchor-free: one prediction per grid cell.
+    light_cls (YOLO11): the class branch's 3x3 convs are depthwise, each followed by a 1x1.
+    cls_width: the class branch's width; 0 = the usual rule, which grows it with the class count up to 100."""
 
-    def __init__(self, nc, channels, reg_max=16):
+    def __init__(self, nc, channels, reg_max=16, light_cls=False, cls_width=0):
         super().__init__()
         self.nc, self.reg_max = nc, reg_max
         self.strides = STRIDES
         box_hidden = max(16, channels[0] // 4, reg_max * 4)
-        cls_hidden = max(channels[0], min(nc, 100))
+        cls_hidden = cls_width or max(channels[0], min(nc, 100))
         self.box = nn.ModuleList(
             nn.Sequential(
                 Conv(c, box_hidden, 3), Conv(box_hidden, box_hidden, 3), nn.Conv2d(box_hidden, 4 * reg_max, 1)
             )
             for c in channels
         )
-        self.cls = nn.ModuleList(
-            nn.Sequential(Conv(c, cls_hidden, 3), Conv(cls_hidden, cls_hidden, 3), nn.Conv2d(cls_hidden, nc, 1))
-            for c in channels
-        )
+        if light_cls:
+            self.cls = nn.ModuleList(
+                nn.Sequential(
+                    nn.Sequential(Conv(c, c, 3, groups=c), Conv(c, cls_hidden, 1)),
+                    nn.Sequential(Conv(cls_hidden, cls_hidden, 3, groups=cls_hidden), Conv(cls_hidden, cls_hidden, 1)),
+                    nn.Conv2d(cls_hidden, nc, 1),
+                )
+                for c in channels
+            )
+        else:
+            self.cls = nn.ModuleList(
+                nn.Sequential(Conv(c, cls_hidden, 3), Conv(cls_hidden, cls_hidden, 3), nn.Conv2d(cls_hidden, nc, 1))
+                for c in channels
+            )
         self.register_buffer("bins", torch.arange(reg_max, dtype=torch.float32), persistent=False)
         self.init_biases()
 
@@ -143,35 +242,54 @@ def _width(c, width, max_channels):
 
 
 class YOLO(nn.Module):
-    """YOLOv8-style network. Layer sizes follow the usual table: widths 64..1024 times the scale's
-    width multiple (capped), repeats 3/6/6/3 times its depth multiple."""
+    """YOLOv8 (scales n..x) or YOLO11 (11n..11x). Layer sizes follow the usual tables: widths 64..1024 times
+    the scale's width multiple (capped), repeats times its depth multiple. Both families share one layout
+    (backbone, SPPF, FPN top-down, PAN bottom-up, head) and one forward; YOLO11 swaps C2f for C3k2, adds
+    the C2PSA attention stage after SPPF and widens the backbone's P2/P3 outputs.
+    cls_width: see Detect; fine-tuning keeps the width of the weights it starts from (class_width), so that a
+    checkpoint with another class count transfers all but the last class convolutions."""
 
-    def __init__(self, scale="n", nc=80, checkpoint_activations=False):
+    def __init__(self, scale="n", nc=80, checkpoint_activations=False, cls_width=0):
         super().__init__()
         if scale not in SCALES:
-            raise ValueError(f"model scale must be one of {', '.join(SCALES)}, got {scale!r}")
+            raise ValueError(f"model must be one of {', '.join(SCALES)}, got {scale!r}")
         depth, width, max_ch = SCALES[scale]
         self.scale, self.nc = scale, nc
         # Recompute activations in backward instead of storing them (pitfall E2: spend compute to save memory).
         self.checkpoint_activations = checkpoint_activations
         c1, c2, c3, c4, c5 = (_width(c, width, max_ch) for c in (64, 128, 256, 512, 1024))
-        n3, n6 = max(round(3 * depth), 1), max(round(6 * depth), 1)
-        # backbone
-        self.stem = Conv(3, c1, 3, 2)  # P1/2
-        self.down2, self.stage2 = Conv(c1, c2, 3, 2), C2f(c2, c2, n3, True)  # P2/4
-        self.down3, self.stage3 = Conv(c2, c3, 3, 2), C2f(c3, c3, n6, True)  # P3/8
-        self.down4, self.stage4 = Conv(c3, c4, 3, 2), C2f(c4, c4, n6, True)  # P4/16
-        self.down5, self.stage5 = Conv(c4, c5, 3, 2), C2f(c5, c5, n3, True)  # P5/32
-        self.sppf = SPPF(c5, c5)
-        # neck: top-down (FPN), then bottom-up (PAN)
         self.up = nn.Upsample(scale_factor=2, mode="nearest")
-        self.top4 = C2f(c5 + c4, c4, n3)
-        self.top3 = C2f(c4 + c3, c3, n3)
-        self.down_p3 = Conv(c3, c3, 3, 2)
-        self.bottom4 = C2f(c3 + c4, c4, n3)
-        self.down_p4 = Conv(c4, c4, 3, 2)
-        self.bottom5 = C2f(c4 + c5, c5, n3)
-        self.head = Detect(nc, (c3, c4, c5))
+        if scale.startswith("11"):
+            n2 = max(round(2 * depth), 1)
+            deep = scale[-1] in "mlx"  # m, l, x: C3k inner blocks in every C3k2
+            # backbone
+            self.stem = Conv(3, c1, 3, 2)  # P1/2
+            self.down2, self.stage2 = Conv(c1, c2, 3, 2), C3k2(c2, c3, n2, deep, 0.25)  # P2/4
+            self.down3, self.stage3 = Conv(c3, c3, 3, 2), C3k2(c3, c4, n2, deep, 0.25)  # P3/8
+            self.down4, self.stage4 = Conv(c4, c4, 3, 2), C3k2(c4, c4, n2, True)  # P4/16
+            self.down5, self.stage5 = Conv(c4, c5, 3, 2), C3k2(c5, c5, n2, True)  # P5/32
+            self.sppf, self.psa = SPPF(c5, c5), C2PSA(c5, n2)
+            # neck
+            self.top4 = C3k2(c5 + c4, c4, n2, deep)
+            self.top3 = C3k2(c4 + c4, c3, n2, deep)
+            self.down_p3, self.bottom4 = Conv(c3, c3, 3, 2), C3k2(c3 + c4, c4, n2, deep)
+            self.down_p4, self.bottom5 = Conv(c4, c4, 3, 2), C3k2(c4 + c5, c5, n2, True)
+            self.head = Detect(nc, (c3, c4, c5), light_cls=True, cls_width=cls_width)
+        else:
+            n3, n6 = max(round(3 * depth), 1), max(round(6 * depth), 1)
+            # backbone
+            self.stem = Conv(3, c1, 3, 2)  # P1/2
+            self.down2, self.stage2 = Conv(c1, c2, 3, 2), C2f(c2, c2, n3, True)  # P2/4
+            self.down3, self.stage3 = Conv(c2, c3, 3, 2), C2f(c3, c3, n6, True)  # P3/8
+            self.down4, self.stage4 = Conv(c3, c4, 3, 2), C2f(c4, c4, n6, True)  # P4/16
+            self.down5, self.stage5 = Conv(c4, c5, 3, 2), C2f(c5, c5, n3, True)  # P5/32
+            self.sppf, self.psa = SPPF(c5, c5), nn.Identity()
+            # neck: top-down (FPN), then bottom-up (PAN)
+            self.top4 = C2f(c5 + c4, c4, n3)
+            self.top3 = C2f(c4 + c3, c3, n3)
+            self.down_p3, self.bottom4 = Conv(c3, c3, 3, 2), C2f(c3 + c4, c4, n3)
+            self.down_p4, self.bottom5 = Conv(c4, c4, 3, 2), C2f(c4 + c5, c5, n3)
+            self.head = Detect(nc, (c3, c4, c5), cls_width=cls_width)
         for m in self.modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.eps, m.momentum = 1e-3, 0.03
@@ -187,7 +305,7 @@ class YOLO(nn.Module):
         x = run(self.stage2, self.down2(x))
         p3 = run(self.stage3, self.down3(x))
         p4 = run(self.stage4, self.down4(p3))
-        p5 = self.sppf(run(self.stage5, self.down5(p4)))
+        p5 = run(self.psa, self.sppf(run(self.stage5, self.down5(p4))))
         t4 = run(self.top4, torch.cat((self.up(p5), p4), 1))
         t3 = run(self.top3, torch.cat((self.up(t4), p3), 1))
         b4 = run(self.bottom4, torch.cat((self.down_p3(t3), t4), 1))
@@ -202,6 +320,11 @@ class YOLO(nn.Module):
             if isinstance(m, Conv) and isinstance(m.bn, nn.BatchNorm2d):
                 m.fuse()
         return self
+
+
+def class_width(weights):
+    """The class branch's width in a state dict (the input width of its last conv)."""
+    return weights["head.cls.0.2.weight"].shape[1]
 
 
 def count_parameters(model):
@@ -230,8 +353,9 @@ def model_from_checkpoint(ckpt, source=""):
     if not isinstance(ckpt, dict):
         ckpt, source = load_checkpoint(ckpt), ckpt
     try:
-        model = YOLO(ckpt["scale"], ckpt["nc"])
-        model.load_state_dict(ckpt["ema"] if "ema" in ckpt else ckpt["model"])
+        weights = ckpt["ema"] if "ema" in ckpt else ckpt["model"]
+        model = YOLO(ckpt["scale"], ckpt["nc"], cls_width=class_width(weights))
+        model.load_state_dict(weights)
         model.names, model.imgsz = ckpt["names"], ckpt["imgsz"]
     except (KeyError, RuntimeError, ValueError, TypeError) as e:
         detail = " ".join(str(e).split())[:200]

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from utils.general import atomic_write
+from utils.ultralytics_checkpoint import convert_ultralytics
 
 FORMAT = "yolo-flat/1"
 
@@ -37,14 +38,15 @@ def load_checkpoint(path, map_location="cpu"):
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)  # never unpickles code
     except Exception as e:  # torch raises several types for broken or foreign files
-        if "Weights only load failed" in str(e):  # torch's page-long message, in one sentence
-            reason = (
-                "it holds pickled Python objects, which could run code and are refused; "
-                "ours hold only tensors and numbers"
-            )
-        else:
+        if "Weights only load failed" not in str(e):
             reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path} is not a checkpoint this repo can read ({reason})") from None
+            raise CheckpointError(f"{path} is not a checkpoint this repo can read ({reason})") from None
+        # Pickled Python objects, which torch refuses: an Ultralytics file (yolov8n.pt, yolo11s.pt, ...) is
+        # read with every class stubbed, so nothing from it runs; anything else is named and refused.
+        try:
+            return {"format": FORMAT, **convert_ultralytics(path)}
+        except ValueError as foreign:
+            raise CheckpointError(f"{path} {foreign}") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(
             f"{path} is not a checkpoint of this repo (no '{FORMAT}' format tag); train one with train.py"

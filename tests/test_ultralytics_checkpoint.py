@@ -1,0 +1,228 @@
+"""Ultralytics checkpoints (yolov8n.pt, yolo11s.pt, a `yolo train` run's best.pt) load without the ultralytics
+package and without running code from the file.
+
+ultralytics is not installed here. The test writes a stand-in package of that name whose classes have
+Ultralytics' module paths and class names (ultralytics.nn.tasks.DetectionModel, ...modules.block.C2f, ...),
+fills one of its models with known weights, torch.save()s it the way Ultralytics' trainer does (the whole
+object, fp16, under "ema"), then deletes the package before loading."""
+
+import copy
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import yaml
+
+import models.yolo
+from models.yolo import YOLO, model_from_checkpoint
+from utils.checkpoint import CheckpointError, load_checkpoint
+from utils.shapes import make_shapes
+from utils.ultralytics_checkpoint import FAMILIES, LAYER_NAMES
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Ultralytics' module paths, with empty nn.Module subclasses: the stand-in models adopt our modules' children,
+# so their state_dict names are what an Ultralytics model's are.
+PACKAGE = {
+    "ultralytics/__init__.py": "",
+    "ultralytics/nn/__init__.py": "",
+    "ultralytics/nn/tasks.py": "import torch.nn as nn\n\nclass DetectionModel(nn.Module):\n    pass\n\n"
+    "class SegmentationModel(nn.Module):\n    pass\n",
+    "ultralytics/nn/modules/__init__.py": "",
+    "ultralytics/nn/modules/conv.py": "import torch.nn as nn\n\nclass Conv(nn.Module):\n    pass\n\n"
+    "class Concat(nn.Module):\n    pass\n",
+    "ultralytics/nn/modules/block.py": "import torch.nn as nn\n\n"
+    + "".join(f"class {c}(nn.Module):\n    pass\n\n" for c in ("C2f", "C3k2", "SPPF", "C2PSA", "DFL", "C3")),
+    "ultralytics/nn/modules/head.py": "import torch.nn as nn\n\nclass Detect(nn.Module):\n    pass\n",
+}
+MODULE_OF = {"Conv": "conv", "Concat": "conv", "Detect": "head"}
+
+
+def adopt(cls, source):
+    """An instance of the stand-in class `cls` holding the children of our module `source`."""
+    module = cls()
+    for name, child in source.named_children():
+        module.add_module(name, child)
+    return module
+
+
+def ultralytics_model(ours, family, classes=None):
+    """Our model's weights laid out as Ultralytics' DetectionModel: model.0 ... model.22/23."""
+    import ultralytics.nn.modules.block as block
+    import ultralytics.nn.modules.conv as conv
+    import ultralytics.nn.modules.head as head
+    import ultralytics.nn.tasks as tasks
+
+    modules = {"conv": conv, "block": block, "head": head}
+    layers = []
+    for index, kind in enumerate(classes or FAMILIES[family]):
+        cls = getattr(modules[MODULE_OF.get(kind, "block")], kind, None)
+        if kind == "Upsample":
+            layers.append(nn.Upsample(scale_factor=2, mode="nearest"))
+        elif kind == "Concat":
+            layers.append(conv.Concat())
+        elif kind == "Detect":
+            detect = cls()
+            detect.cv2, detect.cv3, detect.nc = ours.head.box, ours.head.cls, ours.nc
+            detect.dfl = block.DFL()
+            detect.dfl.conv = nn.Conv2d(16, 1, 1, bias=False).requires_grad_(False)
+            detect.dfl.conv.weight.data[:] = torch.arange(16.0).view(1, 16, 1, 1)
+            layers.append(detect)
+        else:
+            layers.append(adopt(cls, getattr(ours, LAYER_NAMES[family][index])))
+    model = tasks.DetectionModel()
+    model.model = nn.Sequential(*layers)
+    model.names = {i: f"name{i}" for i in range(ours.nc)}
+    model.yaml = {"scale": ours.scale[-1], "yaml_file": f"yolo{family or 'v8'}{ours.scale[-1]}.yaml"}
+    return model
+
+
+def _drop_package(root):
+    if str(root) in sys.path:
+        sys.path.remove(str(root))
+    for name in [m for m in sys.modules if m == "ultralytics" or m.startswith("ultralytics.")]:
+        del sys.modules[name]
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def fake_ultralytics(tmp_path):
+    """Imports as `ultralytics` until the test calls the function this yields: then the package is deleted and
+    forgotten by Python, so loading a checkpoint cannot import any of its classes."""
+    root = tmp_path / "site"
+    for name, text in PACKAGE.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    sys.path.insert(0, str(root))
+    yield lambda: _drop_package(root)
+    _drop_package(root)
+
+
+def randomised(model):
+    """A model whose BatchNorm statistics and biases are not the defaults, so that a layer read into the
+    wrong place changes the output."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.2, 0.2), m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.5, 1.5), m.bias.uniform_(-0.2, 0.2)
+    return model.eval()
+
+
+def save_like_ultralytics(model, path, **extra):
+    """What Ultralytics' trainer writes: the whole model object, fp16, under "ema"; "model" None."""
+    ckpt = {"epoch": 0, "model": None, "ema": copy.deepcopy(model).half(), "updates": 10, "optimizer": None}
+    ckpt.update(train_args={"imgsz": 320, "data": "their.yaml"}, version="8.4.0", **extra)
+    torch.save(ckpt, path)
+
+
+@pytest.mark.parametrize("scale", ["n", "11n"])
+def test_ultralytics_checkpoint_gives_the_same_outputs(fake_ultralytics, tmp_path, scale):
+    ours = randomised(YOLO(scale, nc=3))
+    family = "11" if scale.startswith("11") else ""
+    path = tmp_path / f"yolo{scale}.pt"
+    save_like_ultralytics(ultralytics_model(ours, family), path)
+    fake_ultralytics()
+
+    ckpt = load_checkpoint(path)
+    assert (ckpt["scale"], ckpt["nc"], ckpt["imgsz"]) == (scale, 3, 320)
+    assert ckpt["names"] == ["name0", "name1", "name2"]
+    assert all(v.dtype != torch.float16 for v in ckpt["model"].values())  # fp16 in the file, fp32 here
+    loaded = model_from_checkpoint(path)
+    reference = ours.half().float()  # the file holds fp16 weights
+    x = torch.rand(2, 3, 128, 96)
+    with torch.no_grad():
+        expected, got = reference(x), loaded(x)
+    assert got.shape == expected.shape == (2, (16 * 12 + 8 * 6 + 4 * 3), 4 + 3)
+    assert (got - expected).abs().max() < 1e-3  # channels_last convolutions add rounding, nothing more
+
+
+def test_a_pickle_that_would_run_a_command_is_refused_and_nothing_runs(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    path = tmp_path / "yolov8n.pt"
+    torch.save({"model": Payload(), "train_args": {}}, path)
+    with pytest.raises(CheckpointError, match=r"yolov8n\.pt was refused: its pickle would call \w+\.system"):
+        load_checkpoint(path)
+    assert not marker.exists()
+
+
+def test_other_files_are_named_in_one_sentence(fake_ultralytics, tmp_path, monkeypatch):
+    import ultralytics.nn.tasks as tasks
+
+    seg = tmp_path / "yolov8n-seg.pt"
+    torch.save({"model": tasks.SegmentationModel()}, seg)
+    v5u = tmp_path / "yolov5nu.pt"
+    classes = FAMILIES[""].copy()
+    classes[2] = "C3"  # YOLOv5u: C3 blocks, the v8 head
+    save_like_ultralytics(ultralytics_model(YOLO("n", 3), "", classes), v5u)
+
+    class DetectionModel(nn.Module):  # the yolov5 repository's class
+        pass
+
+    DetectionModel.__module__, DetectionModel.__qualname__ = "models.yolo", "DetectionModel"
+    monkeypatch.setattr(models.yolo, "DetectionModel", DetectionModel, raising=False)
+    v5 = tmp_path / "yolov5s.pt"
+    torch.save({"model": DetectionModel(), "epoch": 1}, v5)
+    broken = tmp_path / "broken.pt"
+    broken.write_bytes(v5.read_bytes()[:300])
+    fake_ultralytics()
+
+    expected = {
+        seg: "is an Ultralytics segmentation model",
+        v5u: "layers (C3 C2f SPPF Detect) are neither YOLOv8 nor YOLO11",
+        v5: "is a YOLOv5 checkpoint",
+        broken: "is not a checkpoint this repo can read",
+    }
+    for path, words in expected.items():
+        with pytest.raises(CheckpointError) as error:
+            load_checkpoint(path)
+        message = str(error.value)
+        assert message.startswith(str(path)) and words in message and "\n" not in message, message
+
+
+@pytest.fixture
+def six_class_data(tmp_path):
+    make_shapes(tmp_path / "shapes", n_train=8, n_val=4, seed=3, size=96)
+    cfg = tmp_path / "six.yaml"
+    cfg.write_text(
+        yaml.safe_dump({"path": "shapes", "train": "images/train", "val": "images/val", "names": list("abcdef")})
+    )
+    return cfg
+
+
+def test_weights_with_another_class_count_transfer_all_but_the_class_convs(fake_ultralytics, six_class_data, tmp_path):
+    ours = randomised(YOLO("11n", nc=80))
+    path = tmp_path / "yolo11n.pt"
+    save_like_ultralytics(ultralytics_model(ours, "11"), path)
+    fake_ultralytics()
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "train.py", "--data", six_class_data, "--model", "11n", "--weights", path]
+    cmd += ["--epochs", "1", "--imgsz", "64", "--batch", "4", "--workers", "0", "--device", "cpu"]
+    # everything frozen but the fresh last class convs: the transferred weights must come out unchanged
+    frozen = "stem,down,stage,sppf,psa,top,bottom,head.box," + ",".join(
+        f"head.cls.{i}.{j}" for i in range(3) for j in (0, 1)
+    )
+    cmd += ["--out", out, "--warmup-epochs", "0", "--freeze", frozen]
+    result = subprocess.run(list(map(str, cmd)), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    total = len(YOLO("11n", nc=6).state_dict())
+    assert f"initialised {total - 6}/{total} tensors from {path}" in result.stdout + result.stderr
+    trained = torch.load(out / "weights" / "last.pt", weights_only=True)["model"]
+    source = ours.half().float().state_dict()
+    for name, tensor in trained.items():
+        if name.startswith("head.cls.") and name.split(".")[3] == "2":  # the last class conv of each level
+            assert tensor.shape[0] == 6
+        elif "num_batches_tracked" not in name and "running" not in name:
+            assert torch.equal(tensor, source[name]), name

@@ -1,0 +1,134 @@
+"""Ultralytics YOLOv8 / YOLO11 checkpoints (yolov8n.pt ... yolo11x.pt, or a `yolo train` run's weights/*.pt)
+turned into this repo's checkpoint format, without the ultralytics package and without running code from
+the file (utils/safe_unpickle.py reads the pickle with every class stubbed).
+
+Their network is a list of layers `model.0 ... model.22` (YOLOv8) or `model.0 ... model.23` (YOLO11) whose
+inner names (conv, bn, cv1, cv2, m.0, attn.qkv, ...) are the ones models/yolo.py uses, so the conversion is
+a rename of the layer index to our module name, plus `cv2 -> box` and `cv3 -> cls` in the head. The family
+comes from the layer classes (C2f: YOLOv8, C3k2 and C2PSA: YOLO11), the scale from the model's yaml, and
+loading the renamed weights into our model then checks every shape.
+"""
+
+import torch
+
+from utils.safe_unpickle import Stub, module_tensors, read_pickled_checkpoint, stub_name
+
+# Layer classes, in order, of each family's detection model.
+_V8 = "Conv Conv C2f Conv C2f Conv C2f Conv C2f SPPF Upsample Concat C2f Upsample Concat C2f Conv Concat C2f Conv "
+_V8 += "Concat C2f Detect"
+_11 = "Conv Conv C3k2 Conv C3k2 Conv C3k2 Conv C3k2 SPPF C2PSA Upsample Concat C3k2 Upsample Concat C3k2 Conv Concat "
+_11 += "C3k2 Conv Concat C3k2 Detect"
+FAMILIES = {"": _V8.split(), "11": _11.split()}  # the prefix of our model names: n..x, 11n..11x
+# Their layer index -> our module name (layers without weights, Upsample and Concat, are not listed).
+_BACKBONE = ["stem", "down2", "stage2", "down3", "stage3", "down4", "stage4", "down5", "stage5", "sppf"]
+LAYER_NAMES = {
+    "": dict(enumerate(_BACKBONE))
+    | {12: "top4", 15: "top3", 16: "down_p3", 18: "bottom4", 19: "down_p4"}
+    | {21: "bottom5", 22: "head"},
+    "11": dict(enumerate(_BACKBONE))
+    | {10: "psa", 13: "top4", 16: "top3", 17: "down_p3", 19: "bottom4"}
+    | {20: "down_p4", 22: "bottom5", 23: "head"},
+}
+# Stem width -> scale, for a model whose yaml does not name its scale (n/s/m/l/x x 64 channels times the width).
+_SCALE_BY_STEM = {"": {16: "n", 32: "s", 48: "m", 64: "l", 80: "x"}, "11": {16: "n", 32: "s", 96: "x"}}
+_DATA_MODULES = {"ultralytics", "torch", "numpy", "collections", "pathlib", "datetime", "builtins"}
+_OTHER_TASKS = {
+    "SegmentationModel": "segmentation",
+    "PoseModel": "pose",
+    "ClassificationModel": "classification",
+    "OBBModel": "oriented-box",
+    "RTDETRDetectionModel": "RT-DETR",
+    "WorldModel": "YOLO-World",
+}
+
+
+def _find_model(obj):
+    """The pickled model object: the checkpoint's `ema` if set, else `model`, else the object itself."""
+    if isinstance(obj, dict):
+        for key in ("ema", "model"):
+            if isinstance(obj.get(key), Stub):
+                return obj[key]
+        return None
+    return obj if isinstance(obj, Stub) else None
+
+
+def _describe(obj):
+    if isinstance(obj, dict):
+        return "a dict with keys " + ", ".join(map(str, list(obj)[:8]))
+    return stub_name(obj) or type(obj).__name__
+
+
+def convert_ultralytics(path):
+    """The contents of our checkpoint (scale, nc, names, imgsz, fp32 weights under our names, source) from an
+    Ultralytics .pt file. Anything else: ValueError whose message says what the file is, to follow its path."""
+    try:
+        obj, calls = read_pickled_checkpoint(path)
+    except ValueError as e:
+        raise ValueError(f"is not a checkpoint this repo can read ({e})") from None
+    model = _find_model(obj)
+    cls = stub_name(model)
+    risky = [c for c in calls if c.split(".")[0] not in _DATA_MODULES]
+    if model is None or not cls.startswith("ultralytics."):
+        if risky:
+            raise ValueError(f"was refused: its pickle would call {', '.join(risky)}, which can run code (nothing ran)")
+        if cls.startswith("models.yolo."):
+            raise ValueError(f"is a YOLOv5 checkpoint ({cls} from the yolov5 repository); only YOLOv8 and YOLO11 load")
+        raise ValueError(f"holds pickled Python objects ({_describe(obj)}) but no Ultralytics model")
+    kind = cls.rsplit(".", 1)[1]
+    if kind in _OTHER_TASKS:
+        raise ValueError(f"is an Ultralytics {_OTHER_TASKS[kind]} model ({kind}); only detection models load")
+    layers = list((model.state.get("_modules", {}).get("model") or Stub()).state.get("_modules", {}).values())
+    classes = [type(layer)._name if isinstance(layer, Stub) else "?" for layer in layers]
+    family = next((f for f, expected in FAMILIES.items() if classes == expected), None)
+    head = layers[-1] if layers else None
+    if family is None or head.state.get("_modules", {}).get("one2one_cv2") is not None:
+        shown = " ".join(dict.fromkeys(c for c in classes if c not in ("Conv", "Upsample", "Concat")))
+        raise ValueError(
+            f"is an Ultralytics {kind} whose layers ({shown or 'none'}) are neither YOLOv8 nor YOLO11 "
+            "(YOLOv5u, YOLOv9, YOLOv10 and YOLO26 files are not read)",
+        )
+
+    weights = {}
+    for index, name in LAYER_NAMES[family].items():
+        for key, tensor in module_tensors(layers[index]).items():
+            if name == "head" and key.startswith("dfl."):
+                if key == "dfl.conv.weight" and not torch.equal(tensor.float().flatten(), torch.arange(16.0)):
+                    raise ValueError("has a head whose DFL weights are not 0..15; such a head is not YOLOv8/YOLO11")
+                continue  # our head decodes with a fixed 0..15 ramp: the same numbers
+            if name == "head":
+                key = key.replace("cv2.", "box.", 1).replace("cv3.", "cls.", 1)
+            weights[f"{name}.{key}"] = tensor.float() if tensor.is_floating_point() else tensor
+    eps = {layer.state.get("eps") for layer in _walk(model) if type(layer)._name == "BatchNorm2d"}
+    if eps - {1e-3}:
+        raise ValueError(f"has BatchNorm eps {sorted(eps)}; YOLOv8/YOLO11 use 0.001")
+
+    cls_bias = weights["head.cls.0.2.bias"]
+    nc = cls_bias.numel()
+    names = model.state.get("names")
+    names = [str(names.get(i, i)) for i in range(nc)] if isinstance(names, dict) else list(names or [])
+    names = names if len(names) == nc else [f"class{i}" for i in range(nc)]
+    train_args = obj.get("train_args") if isinstance(obj, dict) else None
+    yaml = model.state.get("yaml") if isinstance(model.state.get("yaml"), dict) else {}
+    scale = yaml.get("scale")
+    if scale not in ("n", "s", "m", "l", "x"):
+        scale = _SCALE_BY_STEM[family].get(weights["stem.conv.weight"].shape[0])
+        if scale is None:  # YOLO11 m and l share the stem width; l has two blocks per C3k2, m one
+            scale = "l" if "stage2.m.1.cv1.conv.weight" in weights else "m"
+    imgsz = (train_args or {}).get("imgsz", 640) if isinstance(train_args, dict) else 640
+    version = obj.get("version", "") if isinstance(obj, dict) else ""
+    return {
+        "scale": family + scale,
+        "nc": nc,
+        "names": names,
+        "imgsz": int(max(imgsz) if isinstance(imgsz, (list, tuple)) else imgsz),
+        "model": weights,
+        "source": f"ultralytics {version}".strip(),
+        "args": {},  # their training settings mean other things here (their data yaml, their hyperparameters)
+    }
+
+
+def _walk(module):
+    yield module
+    for child in (module.state.get("_modules") or {}).values():
+        if isinstance(child, Stub):
+            yield from _walk(child)
