@@ -2,6 +2,7 @@
 
     python train.py                                         # the n model on the built-in shapes set
     python train.py --data coco.yaml --model s --batch 64 --device 0
+    python train.py --data mydata.yaml --model yolo11n.pt            # fine-tune Ultralytics' COCO weights
     torchrun --nproc_per_node 8 train.py --data coco.yaml --batch 256
     python train.py --resume                                # newest runs/train/*/weights/last.pt
 
@@ -25,11 +26,12 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from models.yolo import SCALES, YOLO, class_width, count_gflops, count_parameters
+from models.yolo import SCALES, YOLO, class_width, count_gflops, count_parameters, load_matching
 from utils.autobatch import batch_from_memory, too_large_batch
 from utils.checkpoint import (
     FORMAT,
     CheckpointError,
+    checkpoint_weights,
     find_last_checkpoint,
     load_checkpoint,
     rng_states,
@@ -253,19 +255,15 @@ scale = checkpoint["scale"] if checkpoint else source["scale"] if args.model.end
 # The class branch keeps the width of the weights it starts from (or resumes): with another class count,
 # all but its last convs then transfer.
 start = source or checkpoint
-cls_width = class_width(start.get("ema") or start["model"]) if start else 0
+cls_width = class_width(checkpoint_weights(start)) if start else 0
 model = YOLO(scale, nc, checkpoint_activations=args.checkpoint_activations, cls_width=cls_width)
 if source:
-    weights, own = source.get("ema") or source["model"], model.state_dict()
-    matching = {k: v for k, v in weights.items() if k in own and own[k].shape == v.shape}
-    model.load_state_dict(matching, strict=False)
+    fresh, total = load_matching(model, checkpoint_weights(source)), len(model.state_dict())
     log.info(
-        f"initialised {len(matching)}/{len(own)} tensors from {init_from} "
+        f"initialised {total - len(fresh)}/{total} tensors from {init_from} "
         f"({source.get('source', 'this repo')}, model {source['scale']}, {source['nc']} classes)"
+        + (f"; starting fresh: {', '.join(fresh[:6])}{' ...' * (len(fresh) > 6)}" if fresh else "")
     )
-    fresh = [k for k in own if k not in matching]  # another class count: the last class convs
-    if fresh:
-        log.info(f"start fresh (no tensor of that name and shape): {', '.join(fresh[:6])}{' ...' * (len(fresh) > 6)}")
 for name, p in model.named_parameters():
     p.requires_grad_(not any(name.startswith(prefix) for prefix in args.freeze.split(",") if prefix))
 # channels_last: the layout oneDNN (CPU) and cuDNN tensor cores (AMP) run convolutions fastest in

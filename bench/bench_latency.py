@@ -1,10 +1,11 @@
-"""Inference latency of the n model (random init, nc=80 or --nc), batch 1, on this machine's CPU: PyTorch
-(Conv+BN fused, eval), TorchScript (traced) and ONNX Runtime, at 640 and 320 px.
+"""Inference latency of one model (n, or --model 11n ...; random init, nc=80 or --nc), batch 1, on this machine's
+CPU: PyTorch (Conv+BN fused, eval), TorchScript (traced) and ONNX Runtime, at 640 and 320 px.
 
     python bench/bench_latency.py                                  # median of 50 runs after 5 warm-up runs
     python bench/bench_latency.py --runs 3                         # a quick smoke check (figures mean little)
     python bench/bench_latency.py --ultralytics-onnx yolov8n.onnx  # + Ultralytics YOLOv8n in ORT, timed the same way
     python bench/bench_latency.py --nc 6 --ultralytics-onnx v8n640.onnx v8n320.onnx   # one fixed-size file per size
+    python bench/bench_latency.py --model 11n --nc 6 --ultralytics-onnx 11n640.onnx 11n320.onnx   # YOLO11n
 
 Only the network is timed (no letterbox, no NMS): the input is a fixed random tensor. Random
 weights run exactly as fast as trained ones. Close other programs first: on a shared CPU the
@@ -25,7 +26,7 @@ import onnxruntime
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from models.yolo import YOLO  # noqa: E402
+from models.yolo import SCALES, YOLO  # noqa: E402
 from utils.inference import median_latency  # noqa: E402
 
 
@@ -46,6 +47,7 @@ def onnx_runner(path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="n", choices=list(SCALES))
     parser.add_argument("--sizes", nargs="+", type=int, default=[640, 320])
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
@@ -56,7 +58,7 @@ def main():
         "--ultralytics-onnx",
         nargs="*",
         default=[],
-        help="Ultralytics YOLOv8n .onnx files (fixed sizes or dynamic) to time in ORT the same way",
+        help="Ultralytics .onnx files of the same model (fixed sizes or dynamic) to time in ORT the same way",
     )
     parser.add_argument(
         "--nc",
@@ -68,14 +70,16 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    model = YOLO("n", nc=args.nc).fuse().to(memory_format=torch.channels_last)  # as model_from_checkpoint returns it
+    model = (
+        YOLO(args.model, nc=args.nc).fuse().to(memory_format=torch.channels_last)
+    )  # as model_from_checkpoint returns it
     rows = []
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer and deprecation warnings, expected here
         theirs = [onnx_runner(p) for p in args.ultralytics_onnx]
         for size in args.sizes:
             x = torch.rand(1, 3, size, size)
-            path = Path(tmp) / f"n{size}.onnx"
+            path = Path(tmp) / f"{args.model}{size}.onnx"
             torch.onnx.export(model, x, str(path), dynamo=False, opset_version=17, input_names=["images"])
             traced = torch.jit.trace(model, x)
             ours, _ = onnx_runner(path)
@@ -86,7 +90,7 @@ def main():
             rows.append(row)
 
     print(
-        f"n model ({args.nc} classes), batch 1, median ms of {args.runs} runs after {args.warmup} warm-up | "
+        f"{args.model} model ({args.nc} classes), batch 1, median ms of {args.runs} runs after {args.warmup} warm-up | "
         f"{cpu_name()}, {os.cpu_count()} CPUs | "
         f"torch {torch.__version__} ({torch.get_num_threads()} threads), onnxruntime {onnxruntime.__version__}"
     )

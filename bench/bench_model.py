@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from models.yolo import YOLO, count_gflops, count_parameters  # noqa: E402
+from models.yolo import SCALES, YOLO, count_gflops, count_parameters  # noqa: E402
 from utils.loss import DetectionLoss  # noqa: E402
 
 
@@ -53,7 +53,7 @@ def saved_activation_bytes(model, x, targets, loss_fn):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scales", nargs="+", default=list("nsmlx"))
+    parser.add_argument("--scales", nargs="+", default=list(SCALES), help="YOLOv8 n..x, YOLO11 11n..11x")
     parser.add_argument("--sizes", nargs="+", type=int, default=[320, 640])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)

@@ -15,7 +15,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from utils.boxes import dfl_decode, distances_to_boxes, make_anchors
-from utils.checkpoint import FORMAT, CheckpointError, load_checkpoint
+from utils.checkpoint import FORMAT, CheckpointError, checkpoint_weights, load_checkpoint
 
 # model name: (depth multiple, width multiple, max channels), the values users of Ultralytics know.
 # n..x are YOLOv8 (this repo's models since its start), 11n..11x are YOLO11.
@@ -327,6 +327,15 @@ def class_width(weights):
     return weights["head.cls.0.2.weight"].shape[1]
 
 
+def load_matching(model, weights):
+    """Copy every tensor of `weights` whose name and shape match the model's (fine-tuning from another
+    class count or model). Returns the names of the model's tensors left as they were."""
+    own = model.state_dict()
+    matching = {k: v for k, v in weights.items() if k in own and own[k].shape == v.shape}
+    model.load_state_dict(matching, strict=False)
+    return [k for k in own if k not in matching]
+
+
 def count_parameters(model):
     return sum(p.numel() for p in model.parameters())
 
@@ -353,7 +362,7 @@ def model_from_checkpoint(ckpt, source=""):
     if not isinstance(ckpt, dict):
         ckpt, source = load_checkpoint(ckpt), ckpt
     try:
-        weights = ckpt["ema"] if "ema" in ckpt else ckpt["model"]
+        weights = checkpoint_weights(ckpt)
         model = YOLO(ckpt["scale"], ckpt["nc"], cls_width=class_width(weights))
         model.load_state_dict(weights)
         model.names, model.imgsz = ckpt["names"], ckpt["imgsz"]

@@ -51,9 +51,9 @@ def scene(seed, h=64, w=64):
     return img
 
 
-def make_checkpoint(path, imgsz=64):
+def make_checkpoint(path, imgsz=64, scale="n"):
     torch.manual_seed(0)
-    model = YOLO("n", nc=3)
+    model = YOLO(scale, nc=3)
     for m in model.modules():
         if isinstance(m, torch.nn.BatchNorm2d):
             m.reset_running_stats()
@@ -67,7 +67,7 @@ def make_checkpoint(path, imgsz=64):
     save_checkpoint(
         {
             "format": FORMAT,
-            "scale": "n",
+            "scale": scale,
             "nc": 3,
             "names": ["ring", "box", "blob"],
             "imgsz": imgsz,
@@ -128,6 +128,16 @@ def test_exported_file_matches_pytorch(exported, suffix):
     assert len(reference) >= 5, "the test model should produce detections, else the comparison means nothing"
     boxes, scores, unmatched = compare_detections(reference, detections, CONF)
     assert unmatched == 0 and boxes < 1e-2 and scores < 1e-4  # boxes reach ~200 px
+
+
+def test_yolo11_with_its_attention_stage_exports_to_onnx(tmp_path):
+    weights = make_checkpoint(tmp_path / "best.pt", scale="11n")
+    export.main(["--weights", str(weights), "--onnx", "--runs", "1", "--conf", str(CONF)])  # exits if they disagree
+    x = batch_of([3], 64, 64)
+    with torch.no_grad():
+        raw = pytorch_model(weights)(x)
+    theirs = load_exported(weights.with_suffix(".onnx"))["run"](x)
+    assert theirs.shape == raw.shape and torch.allclose(theirs, raw, rtol=1e-4, atol=1e-3)
 
 
 def test_onnx_graph_is_fused_and_carries_metadata(exported):

@@ -28,6 +28,17 @@ def test_output_shapes_every_scale_and_non_square_input(scale):
     assert (boxes[..., 2] >= boxes[..., 0]).all() and (boxes[..., 3] >= boxes[..., 1]).all()
 
 
+def test_every_model_has_the_parameter_count_ultralytics_publishes():
+    # The summaries in Ultralytics' yolov8.yaml and yolo11.yaml (80 classes), less the 16 fixed weights of its
+    # DFL layer, which our head holds as a constant: same count, same layers (their checkpoints load strictly).
+    published = {"n": 3157200, "s": 11166560, "m": 25902640, "l": 43691520, "x": 68229648}
+    published |= {"11n": 2624080, "11s": 9458752, "11m": 20114688, "11l": 25372160, "11x": 56966176}
+    for scale, count in published.items():
+        with torch.device("meta"):  # shapes only: no memory, no time
+            model = YOLO(scale, nc=80)
+        assert count_parameters(model) == count - 16, scale
+
+
 def test_n_model_is_in_the_size_class_users_know():
     model = YOLO("n", nc=80)
     params = count_parameters(model)
@@ -218,13 +229,16 @@ def test_fused_model_gives_the_same_output():
     assert torch.allclose(before, after, atol=1e-4, rtol=1e-4)
 
 
-def test_letterbox_inverse_returns_the_original_box():
-    img = np.zeros((300, 500, 3), np.uint8)
+@pytest.mark.parametrize("shape", [(300, 500), (320, 400), (333, 517)])
+def test_letterbox_inverse_returns_the_original_box(shape):
+    img = np.zeros((*shape, 3), np.uint8)
     box = torch.tensor([[40.0, 60.0, 220.0, 250.0]])
-    out, ratio, pad = letterbox(img, (320, 320))
-    assert out.shape == (320, 320, 3)
-    in_network = box * ratio + torch.tensor([pad[0], pad[1], pad[0], pad[1]])
-    back = scale_boxes_to_original(in_network, ratio, pad, img.shape[:2])
+    out, ratio, pad = letterbox(img, (256, 256))
+    assert out.shape == (256, 256, 3)
+    # where the box's corners land in the resized image: each side was rounded to whole pixels
+    per_axis = torch.tensor([round(shape[1] * ratio) / shape[1], round(shape[0] * ratio) / shape[0]])
+    in_network = box * per_axis.repeat(2) + torch.tensor([pad[0], pad[1], pad[0], pad[1]])
+    back = scale_boxes_to_original(in_network, ratio, pad, shape)
     assert torch.allclose(back, box, atol=1e-4)
 
 

@@ -78,7 +78,6 @@ def ultralytics_model(ours, family, classes=None):
     model = tasks.DetectionModel()
     model.model = nn.Sequential(*layers)
     model.names = {i: f"name{i}" for i in range(ours.nc)}
-    model.yaml = {"scale": ours.scale[-1], "yaml_file": f"yolo{family or 'v8'}{ours.scale[-1]}.yaml"}
     return model
 
 
@@ -141,6 +140,15 @@ def test_ultralytics_checkpoint_gives_the_same_outputs(fake_ultralytics, tmp_pat
         expected, got = reference(x), loaded(x)
     assert got.shape == expected.shape == (2, (16 * 12 + 8 * 6 + 4 * 3), 4 + 3)
     assert (got - expected).abs().max() < 1e-3  # channels_last convolutions add rounding, nothing more
+
+
+@pytest.mark.parametrize("scale", ["s", "11m", "11l"])  # 11m and 11l share their widths, not their depth
+def test_the_model_is_recognised_from_its_layers_and_widths(fake_ultralytics, tmp_path, scale):
+    ours = YOLO(scale, nc=80)
+    path = tmp_path / "model.pt"
+    save_like_ultralytics(ultralytics_model(ours, "11" if scale.startswith("11") else ""), path)
+    fake_ultralytics()
+    assert load_checkpoint(path)["scale"] == scale
 
 
 def test_a_pickle_that_would_run_a_command_is_refused_and_nothing_runs(tmp_path):

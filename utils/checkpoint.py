@@ -54,6 +54,12 @@ def load_checkpoint(path, map_location="cpu"):
     return ckpt
 
 
+def checkpoint_weights(ckpt):
+    """The weights to build on: the EMA's where the checkpoint has them (last.pt), else its only ones
+    (best.pt holds EMA weights; so do converted Ultralytics files)."""
+    return ckpt["ema"] if ckpt.get("ema") else ckpt["model"]
+
+
 def find_last_checkpoint(root="runs/train"):
     """The most recently written runs/train/*/weights/last.pt, or None."""
     files = glob.glob(f"{root}/*/weights/last.pt")

@@ -557,8 +557,8 @@ class ValDataset(torch.utils.data.Dataset):
         record = self.records[index]
         img, labels = load_resized(record, self.imgsz, self.cache, index)
         h0, w0 = record["shape"]
-        # The long side was resized to exactly imgsz; the short one was rounded to whole pixels, so
-        # its ratio is off by up to 0.5 px / side: the long side's ratio maps back within a pixel.
+        # The long side was resized to exactly imgsz, the short one rounded to whole pixels:
+        # scale_boxes_to_original recovers each side's exact factor from this nominal one.
         resize = max(img.shape[:2]) / max(h0, w0)
         img, ratio, (left, top) = letterbox(img, self.shapes[index], scaleup=False)
         labels[:, 1:] = labels[:, 1:] * ratio + (left, top, left, top)

@@ -5,8 +5,8 @@ the file (utils/safe_unpickle.py reads the pickle with every class stubbed).
 Their network is a list of layers `model.0 ... model.22` (YOLOv8) or `model.0 ... model.23` (YOLO11) whose
 inner names (conv, bn, cv1, cv2, m.0, attn.qkv, ...) are the ones models/yolo.py uses, so the conversion is
 a rename of the layer index to our module name, plus `cv2 -> box` and `cv3 -> cls` in the head. The family
-comes from the layer classes (C2f: YOLOv8, C3k2 and C2PSA: YOLO11), the scale from the model's yaml, and
-loading the renamed weights into our model then checks every shape.
+comes from the layer classes (C2f: YOLOv8, C3k2 and C2PSA: YOLO11), the scale from the widths, and loading
+the renamed weights into our model then checks every shape.
 """
 
 import torch
@@ -29,9 +29,10 @@ LAYER_NAMES = {
     | {10: "psa", 13: "top4", 16: "top3", 17: "down_p3", 19: "bottom4"}
     | {20: "down_p4", 22: "bottom5", 23: "head"},
 }
-# Stem width -> scale, for a model whose yaml does not name its scale (n/s/m/l/x x 64 channels times the width).
+# Stem width (64 channels times the scale's width multiple) -> scale; load_state_dict then checks every shape.
 _SCALE_BY_STEM = {"": {16: "n", 32: "s", 48: "m", 64: "l", 80: "x"}, "11": {16: "n", 32: "s", 96: "x"}}
-_DATA_MODULES = {"ultralytics", "torch", "numpy", "collections", "pathlib", "datetime", "builtins"}
+# Modules whose objects a checkpoint legitimately rebuilds by calling them (numpy scalars, paths, ...).
+_DATA_MODULES = {"ultralytics", "torch", "numpy", "collections", "pathlib", "datetime"}
 _OTHER_TASKS = {
     "SegmentationModel": "segmentation",
     "PoseModel": "pose",
@@ -107,14 +108,13 @@ def convert_ultralytics(path):
     names = model.state.get("names")
     names = [str(names.get(i, i)) for i in range(nc)] if isinstance(names, dict) else list(names or [])
     names = names if len(names) == nc else [f"class{i}" for i in range(nc)]
+    scale = _SCALE_BY_STEM[family].get(weights["stem.conv.weight"].shape[0])
+    if family == "11" and scale is None:  # YOLO11 m and l share the stem width; l has two blocks per C3k2, m one
+        scale = "l" if "stage2.m.1.cv1.conv.weight" in weights else "m"
+    if scale is None:
+        raise ValueError(f"is an Ultralytics {kind} whose widths match no standard scale (n, s, m, l, x)")
     train_args = obj.get("train_args") if isinstance(obj, dict) else None
-    yaml = model.state.get("yaml") if isinstance(model.state.get("yaml"), dict) else {}
-    scale = yaml.get("scale")
-    if scale not in ("n", "s", "m", "l", "x"):
-        scale = _SCALE_BY_STEM[family].get(weights["stem.conv.weight"].shape[0])
-        if scale is None:  # YOLO11 m and l share the stem width; l has two blocks per C3k2, m one
-            scale = "l" if "stage2.m.1.cv1.conv.weight" in weights else "m"
-    imgsz = (train_args or {}).get("imgsz", 640) if isinstance(train_args, dict) else 640
+    imgsz = train_args.get("imgsz", 640) if isinstance(train_args, dict) else 640
     version = obj.get("version", "") if isinstance(obj, dict) else ""
     return {
         "scale": family + scale,
