@@ -204,8 +204,8 @@ def test_label_path_convention_and_background_images(tmp_path):
     write_image(folder / "no_label.png", 64, 64)  # no label file: a background image, not an error
     records = D.load_verified([folder], nc=4, split_name="train")
     by_name = {Path(r["im"]).name: r for r in records}
-    assert len(records) == 3 and by_name["no_label.png"]["labels"] == []
-    assert by_name["im1.png"]["labels"] == [
+    assert len(records) == 3 and len(by_name["no_label.png"]["labels"]) == 0
+    assert by_name["im1.png"]["labels"].tolist() == [
         [
             1,
             pytest.approx(1 / 3, abs=1e-5),
@@ -384,7 +384,7 @@ def test_verification_reports_every_bad_file_and_keeps_the_good(tmp_path, log_li
     assert set(kept) == {n for n, s in expected.items() if s not in ("corrupt", "missing")}
     clip = kept["clip_and_duplicates.png"]["labels"]
     assert len(clip) == 2 and clip[0][3] == 1.0  # duplicate dropped, x2 = 1.002 clipped to 1
-    assert kept["empty_label.png"]["labels"] == [] and kept["padded.jpg"]["labels"] == []
+    assert len(kept["empty_label.png"]["labels"]) == 0 and len(kept["padded.jpg"]["labels"]) == 0
 
     # The log: one line per bad file (status, path, reason), plus the file kept after a repair.
     log_files = list((tmp_path / "set" / "labels").glob("*.verify.log"))
@@ -430,7 +430,7 @@ def test_exif_orientation_is_applied(tmp_path):
 def test_cache_is_reused_and_invalidated_when_files_change(tmp_path, monkeypatch):
     folder = rect_dataset(tmp_path, n=3)
     first = D.load_verified([folder], nc=4, split_name="train")
-    assert len(list((tmp_path / "labels").glob("*.cache.json"))) == 1
+    assert len(list((tmp_path / "labels").glob("*.cache.npz"))) == 1
 
     real_verify = D.verify_one
     calls = []
@@ -478,7 +478,7 @@ def test_read_only_dataset_folder_still_works(tmp_path, monkeypatch, log_lines):
     records = D.load_verified([folder], nc=4, split_name="train")
     assert len(records) == 2 and hash_tree(dataset) == before
     assert any("Read-only file system" in m for m in log_lines())
-    assert len(list((tmp_path / "user_cache").glob("*.cache.json"))) == 1  # cached in the user's folder instead
+    assert len(list((tmp_path / "user_cache").glob("*.cache.npz"))) == 1  # cached in the user's folder instead
     monkeypatch.setattr(D, "verify_one", lambda f, nc: pytest.fail("verified again instead of using the cache"))
     assert D.load_verified([folder], nc=4, split_name="train") == records
     monkeypatch.undo()
@@ -488,6 +488,29 @@ def test_read_only_dataset_folder_still_works(tmp_path, monkeypatch, log_lines):
     monkeypatch.setenv("YOLO_CACHE_DIR", str(tmp_path / "other_cache"))
     assert len(D.load_verified([folder], nc=4, split_name="train")) == 2
     assert any("verification will run again next time" in m for m in log_lines())
+
+
+def test_array_backed_records_yield_exactly_the_samples_of_the_list_of_dicts(tmp_path):
+    # The records as the code held them before utils/records.py: a list of dicts with the float64 label rows
+    # verify_one returns. The flat-array Records must give bitwise the same samples (same seed, epoch, index),
+    # else a run resumed across the change would not be exact.
+    make_shapes(tmp_path / "shapes", n_train=10, n_val=2, seed=5, size=96)
+    files = D.list_images([tmp_path / "shapes" / "images" / "train"])
+    dicts = [record for _, record, _ in (D.verify_one(f, len(NAMES)) for f in files) if record is not None]
+    for record in dicts:
+        record.pop("dup", None)  # background records have none
+    records = D.load_verified([tmp_path / "shapes" / "images" / "train"], len(NAMES), "train")
+    assert isinstance(records, D.Records) and len(records) == len(dicts) == 10
+    hyp = HYP | {"mosaic": 0.5, "mixup": 0.3, "degrees": 5.0}
+    old, new = D.TrainDataset(dicts, 64, hyp, seed=3), D.TrainDataset(records, 64, hyp, seed=3)
+    for key in itertools.product((0, 4), range(10)):
+        (image_a, labels_a), (image_b, labels_b) = old[key], new[key]
+        assert torch.equal(image_a, image_b) and torch.equal(labels_a, labels_b), key
+    for (a, la, ma), (b, lb, mb) in zip(D.ValDataset(dicts, 64, 4), D.ValDataset(records, 64, 4)):
+        assert torch.equal(a, b) and torch.equal(la, lb) and ma == mb
+    # slicing (--subset, --fraction) and --single-cls keep the arrays
+    assert records[2:5] == records.take([2, 3, 4]) and records[3]["im"] == dicts[3]["im"]
+    assert (D.single_class(records).labels[:, 0] == 0).all() and (records.labels[:, 0] > 0).any()
 
 
 def test_users_files_are_never_modified(tmp_path):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 
 def records_to_coco(records, names, file_names=None, first_image_id=0, decimals=None):
-    """The one YOLO -> COCO conversion: a COCO instances dict from verified YOLO records ({"im",
-    "shape" (h, w), "labels" [[cls, x1, y1, x2, y2] normalised]}), boxes in pixels.
+    """The one YOLO -> COCO conversion: a COCO instances dict from verified YOLO records (utils.records.Records
+    or dicts {"im", "shape" (h, w), "labels" [[cls, x1, y1, x2, y2] normalised]}), boxes in pixels.
 
     Category ids, the same everywhere in this repo (val.py's ground_truth.json and predictions.json,
     detect.py --save-json, data/yolo2coco.py, bench/score_detections.py): category id = YOLO class
@@ -29,7 +29,7 @@ def records_to_coco(records, names, file_names=None, first_image_id=0, decimals=
                 "width": w,
             }
         )
-        for cls, x1, y1, x2, y2 in r["labels"]:
+        for cls, x1, y1, x2, y2 in (map(float, row) for row in r["labels"]):  # numpy float32 -> JSON-able
             bw, bh = (x2 - x1) * w, (y2 - y1) * h
             bbox = [fix(x1 * w), fix(y1 * h), fix(bw), fix(bh)]
             annotations.append(

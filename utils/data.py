@@ -10,7 +10,6 @@ import atexit
 import functools
 import glob
 import hashlib
-import json
 import logging
 import multiprocessing
 import os
@@ -28,10 +27,11 @@ import yaml
 from tqdm import tqdm
 
 from utils.augment import augment_hsv, flip_lr, flip_ud, letterbox, mosaic4, random_affine
-from utils.general import write_text_atomic  # a module global: tests replace it to simulate a read-only folder
+from utils.general import atomic_write, write_text_atomic  # module globals: tests replace them (read-only folder)
+from utils.records import Records, as_records
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".dng", ".mpo", ".pfm"}
-CACHE_VERSION = 2  # bump when the record or the checks change: old caches are then rebuilt
+CACHE_VERSION = 3  # bump when the record or the checks change: old caches are then rebuilt
 COORD_TOLERANCE = 0.01  # coordinates this far outside [0, 1] are clipped; further out, the file is rejected
 log = logging.getLogger("yolo")
 
@@ -317,35 +317,38 @@ def cache_locations(sources, image_files):
     stem = f"{labels.name}.{digest[:8]}"
     elsewhere = f"{stem}.{hashlib.sha256(str(labels.resolve()).encode()).hexdigest()[:8]}"
     return [
-        (labels.with_name(stem + ".cache.json"), labels.with_name(stem + ".verify.log")),
-        (cache_dir() / (elsewhere + ".cache.json"), cache_dir() / (elsewhere + ".verify.log")),
+        (labels.with_name(stem + ".cache.npz"), labels.with_name(stem + ".verify.log")),
+        (cache_dir() / (elsewhere + ".cache.npz"), cache_dir() / (elsewhere + ".verify.log")),
     ]
 
 
 def read_cache(cache_path, fingerprint, nc):
+    """(Records, meta) of a cache written for exactly these files and this class count, else None."""
     try:
-        cache = json.loads(Path(cache_path).read_text())
-        if cache.get("version") == CACHE_VERSION and cache.get("fingerprint") == fingerprint and cache.get("nc") == nc:
-            return cache
-    except (OSError, ValueError, AttributeError):
+        records, meta = Records.load(cache_path)
+        if meta.get("version") == CACHE_VERSION and meta.get("fingerprint") == fingerprint and meta.get("nc") == nc:
+            return records, meta
+    except (OSError, ValueError, KeyError, AttributeError):
         pass  # missing or unreadable: verified again
     return None
 
 
 def load_verified(sources, nc, split_name="", workers=8):
     """Verify every image/label of a split once and cache the result next to the labels.
-    Returns the list of good records {"im", "shape" (h, w), "labels" [[cls, x1, y1, x2, y2] normalised]}.
-    Never writes to the user's images or labels; a read-only dataset folder works (cache elsewhere)."""
+    Returns the good records as utils.records.Records (flat arrays; records[i] is {"im", "shape" (h, w),
+    "labels" (k, 5) [cls, x1, y1, x2, y2] normalised}). The cache is a binary .npz that loads in a fraction
+    of a second. Never writes to the user's images or labels; a read-only dataset folder works (cache elsewhere)."""
     image_files = list_images(sources)
     if not image_files:
         raise DatasetError(f"no images found in {', '.join(str(s) for s in sources) or 'an empty list of sources'}")
     fingerprint = files_fingerprint(image_files)
     locations = cache_locations(sources, image_files)
     for cache_path, log_path in locations:
-        cache = read_cache(cache_path, fingerprint, nc)
-        if cache is not None:
-            print_verification_totals(cache["totals"], split_name, log_path, cache["problems"], cached=True)
-            return cache["records"]
+        cached = read_cache(cache_path, fingerprint, nc)
+        if cached is not None:
+            records, meta = cached
+            print_verification_totals(meta["totals"], split_name, log_path, meta["problems"], cached=True)
+            return records
 
     totals = dict.fromkeys(("found", "labelled", "background", "empty", "missing", "corrupt", "duplicates"), 0)
     records, problems = [], []
@@ -361,21 +364,15 @@ def load_verified(sources, nc, split_name="", workers=8):
                 records.append(record)
             if note:  # one line per file: status, path, reason (fixed = kept after a repair in memory)
                 problems.append(f"{status if record is None else 'fixed'}\t{image_path}\t{note}")
-    cache = {
-        "version": CACHE_VERSION,
-        "fingerprint": fingerprint,
-        "nc": nc,
-        "totals": totals,
-        "problems": problems,
-        "records": records,
-    }
+    records = Records.from_dicts(records)
+    meta = {"version": CACHE_VERSION, "fingerprint": fingerprint, "nc": nc, "totals": totals, "problems": problems}
     written, error = None, None
     for i, (cache_path, log_path) in enumerate(locations):
         try:
             if i:  # our own cache folder may not exist yet; the user's folders are never created
                 cache_path.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(log_path, "".join(p + "\n" for p in problems))
-            write_text_atomic(cache_path, json.dumps(cache))
+            atomic_write(cache_path, lambda f: records.save(f, meta))
             written = log_path
             if i:
                 log.warning(
@@ -401,7 +398,7 @@ def load_verified(sources, nc, split_name="", workers=8):
 
 def single_class(records):
     """--single-cls: the same records with every box of class 0 (the cached records are not changed)."""
-    return [{**r, "labels": [[0, *row[1:]] for row in r["labels"]]} for r in records]
+    return as_records(records).single_class()
 
 
 def print_verification_totals(totals, split_name, log_path, problems, cached):
@@ -538,11 +535,12 @@ class ValDataset(torch.utils.data.Dataset):
     accurate than squares. Keeps what is needed to map predictions back to original pixels."""
 
     def __init__(self, records, imgsz, batch_size, stride=32, pad=0.5, cache_ram=False):
-        order = sorted(range(len(records)), key=lambda i: records[i]["shape"][0] / records[i]["shape"][1])
-        self.records = [records[i] for i in order]
+        records = as_records(records)
+        order = np.argsort(records.shapes[:, 0] / records.shapes[:, 1], kind="stable")  # similar shapes together
+        self.records = records.take(order)
         self.imgsz = imgsz
         self.cache = cache_images(self.records, imgsz) if cache_ram else None
-        aspect = np.array([r["shape"][0] / r["shape"][1] for r in self.records])  # h / w
+        aspect = self.records.shapes[:, 0] / self.records.shapes[:, 1]  # h / w
         self.shapes = []
         for start in range(0, len(self.records), batch_size):
             a = aspect[start : start + batch_size]

@@ -160,12 +160,14 @@ def evaluate(model, loader, names, device, coco_json=None, conf=0.001, iou=0.7, 
     map5095, map50, ap, ap50, ev = coco_map(gt, detections, category_ids, max_det)
     p, r, curves = precision_recall(ev, category_ids)
     has_gt = curves["n_gt"] > 0
-    instances = np.bincount([int(row[0]) for rec in records for row in rec["labels"]], minlength=len(names))
-    images_with = [sum(any(int(row[0]) == c for row in rec["labels"]) for rec in records) for c in range(len(names))]
+    classes = records.labels[:, 0].astype(int)
+    instances = np.bincount(classes, minlength=len(names))
+    image_of_box = np.repeat(np.arange(len(records)), np.diff(records.label_offsets))
+    images_with = np.bincount(np.unique(image_of_box * len(names) + classes) % len(names), minlength=len(names))
     per_class = [
         {
             "class": n,
-            "images": images_with[c],
+            "images": int(images_with[c]),
             "instances": int(instances[c]),
             "precision": float(p[c]),
             "recall": float(r[c]),
