@@ -561,10 +561,10 @@ for epoch in range(start_epoch, args.epochs):
     if is_main:
         metrics = {"precision": float("nan"), "recall": float("nan"), "mAP50": float("nan"), "mAP50-95": float("nan")}
         if (epoch + 1) % args.val_every == 0 or final_epoch:
-            # fp16 on CUDA: the per-epoch number only picks best.pt; the final one below is fp32
-            metrics = evaluate(ema.ema, val_loader, names, device, data["coco_json"], half=device.type == "cuda")[
-                "metrics"
-            ]
+            # The per-epoch number only picks best.pt and fills results.csv: fp16 on CUDA and the vectorised
+            # mAP (utils/evaluate.py fast_map); the final one below is fp32 and pycocotools'
+            half = device.type == "cuda"
+            metrics = evaluate(ema.ema, val_loader, names, device, half=half, fast=True)["metrics"]
             fitness = metrics["mAP50-95"]
             if fitness > best_fitness:
                 best_fitness, best_epoch = fitness, epoch + 1

@@ -84,15 +84,38 @@ def coco_map(gt, detections, category_ids, max_det=300):
     return mean_ap(precision), mean_ap(precision[0]), ap, ap50, ev
 
 
-def precision_recall(ev, category_ids):
+def precision_recall(scores, hits, n_gt):
     """Precision and recall per class at IoU 0.5, at the one confidence that maximises the mean F1
-    over classes (the operating point YOLO tables report), plus the curves for plotting."""
-    nc = len(category_ids)
+    over classes (the operating point YOLO tables report), plus the curves for plotting.
+    scores, hits: per class, the detections' scores and whether each matched a box at IoU 0.5;
+    n_gt: boxes per class."""
+    nc = len(n_gt)
     grid = np.linspace(0, 1, 1000)
     p_curve, r_curve = np.zeros((nc, grid.size)), np.zeros((nc, grid.size))
-    n_gt = np.zeros(nc)
+    for k in range(nc):
+        if not len(scores[k]) or n_gt[k] == 0:
+            continue
+        order = np.argsort(-np.asarray(scores[k]), kind="stable")
+        score, tp = np.asarray(scores[k])[order], np.asarray(hits[k], dtype=bool)[order]
+        tpc, fpc = np.cumsum(tp), np.cumsum(~tp)
+        recall, precision = tpc / n_gt[k], tpc / (tpc + fpc)
+        r_curve[k] = np.interp(-grid, -score, recall, left=0)
+        p_curve[k] = np.interp(-grid, -score, precision, left=1)
+    f1 = 2 * p_curve * r_curve / (p_curve + r_curve + 1e-16)
+    has_gt = np.asarray(n_gt) > 0
+    best = int(f1[has_gt].mean(0).argmax()) if has_gt.any() else 0
+    return (
+        p_curve[:, best],
+        r_curve[:, best],
+        {"confidence": grid, "precision": p_curve, "recall": r_curve, "f1": f1, "n_gt": np.asarray(n_gt, float)},
+    )
+
+
+def matches_from_cocoeval(ev, category_ids):
+    """(scores, hits at IoU 0.5, n_gt) per class, read from pycocotools' per-image results."""
+    nc = len(category_ids)
+    scores, hits, n_gt = [[] for _ in range(nc)], [[] for _ in range(nc)], np.zeros(nc)
     if ev is not None:
-        scores, hits = [[] for _ in range(nc)], [[] for _ in range(nc)]
         column = {cat: k for k, cat in enumerate(category_ids)}
         for e in ev.evalImgs:  # one entry per (class, area range, image); keep area "all"
             if e is None or e["aRng"] != ev.params.areaRng[0]:
@@ -102,22 +125,74 @@ def precision_recall(ev, category_ids):
             keep = ~e["dtIgnore"][0].astype(bool)
             scores[k] += list(np.asarray(e["dtScores"])[keep])
             hits[k] += list(e["dtMatches"][0][keep] > 0)
-        for k in range(nc):
-            if not scores[k] or n_gt[k] == 0:
-                continue
-            order = np.argsort(-np.array(scores[k]), kind="stable")
-            score, tp = np.array(scores[k])[order], np.array(hits[k])[order]
-            tpc, fpc = np.cumsum(tp), np.cumsum(~tp)
-            recall, precision = tpc / n_gt[k], tpc / (tpc + fpc)
-            r_curve[k] = np.interp(-grid, -score, recall, left=0)
-            p_curve[k] = np.interp(-grid, -score, precision, left=1)
-    f1 = 2 * p_curve * r_curve / (p_curve + r_curve + 1e-16)
-    best = int(f1[n_gt > 0].mean(0).argmax()) if (n_gt > 0).any() else 0
-    return (
-        p_curve[:, best],
-        r_curve[:, best],
-        {"confidence": grid, "precision": p_curve, "recall": r_curve, "f1": f1, "n_gt": n_gt},
+    return scores, hits, n_gt
+
+
+# COCO's IoU thresholds and recall points, computed as pycocotools computes them
+IOU_THRESHOLDS = np.linspace(0.5, 0.95, int(np.round((0.95 - 0.5) / 0.05)) + 1, endpoint=True)
+RECALL_POINTS = np.linspace(0.0, 1.00, int(np.round((1.00 - 0.0) / 0.01)) + 1, endpoint=True)
+
+
+def match_image(det, gt, thresholds=IOU_THRESHOLDS):
+    """COCO's matching in one image, for every IoU threshold at once: detections in descending score
+    order each take the still unmatched ground-truth box of their class with the highest IoU, if that IoU
+    reaches the threshold. det: (n, 6) x1 y1 x2 y2 score class, sorted by score; gt: (m, 5) class x1 y1 x2 y2
+    in the same pixels. Returns (n, thresholds) bool: true positive."""
+    tp = np.zeros((len(det), len(thresholds)), bool)
+    if not len(det) or not len(gt):
+        return tp
+    iou = torchvision.ops.box_iou(torch.from_numpy(det[:, :4]).double(), torch.from_numpy(gt[:, 1:]).double())
+    iou = iou.numpy() * (det[:, 5:6] == gt[None, :, 0])  # another class: no match
+    free = np.ones((len(thresholds), len(gt)), bool)
+    rows = np.arange(len(thresholds))
+    for d in np.flatnonzero(iou.max(1) >= thresholds[0]):  # the others match nothing at any threshold
+        candidates = np.where(free, iou[d], -1.0)
+        g = candidates.argmax(1)
+        tp[d] = candidates[rows, g] >= thresholds
+        free[rows[tp[d]], g[tp[d]]] = False
+    return tp
+
+
+def fast_map(results, records, nc, max_det=300):
+    """The per-epoch metric: mAP50-95, mAP50, precision and recall computed the way pycocotools computes
+    them (area 'all', up to max_det detections per image, 101 recall points, the precision envelope) from
+    the YOLO labels, in numpy, without building a COCO dict per detection: a second or two on COCO val
+    instead of a minute. Agrees with coco_map within 0.005 (tested); val.py and the end of training report
+    pycocotools' numbers, the official ones. results: predict_dataset's; records: utils.records.Records."""
+    n_gt = np.bincount(records.labels[:, 0].astype(int), minlength=nc)[:nc]
+    scores, classes, tps = [np.zeros(0)], [np.zeros(0, int)], [np.zeros((0, len(IOU_THRESHOLDS)), bool)]
+    for i in range(len(records)):
+        det = results.get(i)
+        if det is None or not len(det):
+            continue
+        det = det[np.argsort(-det[:, 4], kind="stable")][:max_det].astype(np.float64)
+        h, w = records.shapes[i]
+        gt = records.labels_of(i).astype(np.float64) * [1, w, h, w, h]
+        scores.append(det[:, 4]), classes.append(det[:, 5].astype(int)), tps.append(match_image(det, gt))
+    scores, classes, tps = np.concatenate(scores), np.concatenate(classes), np.concatenate(tps)
+    ap = np.zeros((nc, len(IOU_THRESHOLDS)))
+    for k in np.flatnonzero(n_gt):
+        mine = classes == k
+        order = np.argsort(-scores[mine], kind="mergesort")  # pycocotools' sort
+        tp = tps[mine][order]
+        if not len(tp):
+            continue  # boxes but no detection: AP 0
+        tpc, fpc = np.cumsum(tp, 0), np.cumsum(~tp, 0)
+        recall, precision = tpc / n_gt[k], tpc / (tpc + fpc + np.spacing(1))
+        precision = np.maximum.accumulate(precision[::-1], 0)[::-1]  # the envelope
+        for t in range(len(IOU_THRESHOLDS)):
+            at = np.searchsorted(recall[:, t], RECALL_POINTS, side="left")
+            ap[k, t] = np.where(at < len(tp), precision[np.minimum(at, len(tp) - 1), t], 0).mean()
+    valid = n_gt > 0
+    p, r, _ = precision_recall(
+        [scores[classes == k] for k in range(nc)], [tps[classes == k, 0] for k in range(nc)], n_gt
     )
+    return {
+        "precision": float(p[valid].mean()) if valid.any() else 0.0,
+        "recall": float(r[valid].mean()) if valid.any() else 0.0,
+        "mAP50": float(ap[valid, 0].mean()) if valid.any() else 0.0,
+        "mAP50-95": float(ap[valid].mean()) if valid.any() else 0.0,
+    }
 
 
 def confusion_matrix(results, records, nc, conf=0.25, iou=0.45):
@@ -150,15 +225,21 @@ def confusion_matrix(results, records, nc, conf=0.25, iou=0.45):
     return matrix
 
 
-def evaluate(model, loader, names, device, coco_json=None, conf=0.001, iou=0.7, max_det=300, half=False):
+def evaluate(model, loader, names, device, coco_json=None, conf=0.001, iou=0.7, max_det=300, half=False, fast=False):
     """Everything val.py reports. Returns a dict with the summary metrics, per-class rows, the COCO
-    detections, speeds, the PR curves and the confusion matrix."""
+    detections, speeds, the PR curves and the confusion matrix. fast=True (the validation after each
+    epoch): only {"metrics": P, R, mAP50, mAP50-95, speed_ms}, from fast_map instead of pycocotools."""
     records = loader.dataset.records
-    gt, image_ids, category_ids = ground_truth_cached(loader.dataset, names, coco_json)
     results, speed = predict_dataset(model, loader, device, conf, iou, max_det, half)
+    if fast:
+        start = time.perf_counter()
+        metrics = fast_map(results, records, len(names), max_det)
+        speed["metric"] = round((time.perf_counter() - start) / max(len(records), 1) * 1000, 3)
+        return {"metrics": {**metrics, "images": len(records), "speed_ms": speed}}
+    gt, image_ids, category_ids = ground_truth_cached(loader.dataset, names, coco_json)
     detections = [d for i, det in results.items() for d in detections_to_coco(det, image_ids[i], category_ids)]
     map5095, map50, ap, ap50, ev = coco_map(gt, detections, category_ids, max_det)
-    p, r, curves = precision_recall(ev, category_ids)
+    p, r, curves = precision_recall(*matches_from_cocoeval(ev, category_ids))
     has_gt = curves["n_gt"] > 0
     classes = records.labels[:, 0].astype(int)
     instances = np.bincount(classes, minlength=len(names))
