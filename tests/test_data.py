@@ -705,6 +705,21 @@ def test_cache_ram_gives_the_same_samples(tmp_path):
     assert all(np.array_equal(x, y) for x, y in zip(before, b.cache))  # augmentation never writes into the cache
 
 
+def test_cache_ram_that_would_not_fit_falls_back_to_reading_from_disk(tmp_path, monkeypatch, log_lines):
+    folder = rect_dataset(tmp_path, n=4, w=80, h=60)
+    records = D.load_verified([folder], nc=4, split_name="train")
+    need = int((D.resized_shapes(records.shapes, 64).prod(1) * 3).sum())
+    assert need == 4 * 48 * 64 * 3  # estimated from the sizes in the records, before anything is decoded
+    monkeypatch.setattr(D, "available_memory", lambda: need)  # fits, but without 20% to spare
+    dataset = D.TrainDataset(records, 64, HYP, seed=3, cache_ram=True)
+    assert dataset.cache is None
+    warning = next(m for m in log_lines() if m.startswith("--cache ram"))
+    assert "training without the RAM cache" in warning and f"{need / 1e9:.1f} GB" in warning
+    assert torch.equal(dataset[0, 1][0], D.TrainDataset(records, 64, HYP, seed=3)[0, 1][0])  # and it trains
+    monkeypatch.setattr(D, "available_memory", lambda: 2 * need)
+    assert D.TrainDataset(records, 64, HYP, seed=3, cache_ram=True).cache is not None
+
+
 # ---------------------------------------------------------------------------------------------
 # 5. Determinism: sample order, DDP slices, workers, mid-epoch resume
 # ---------------------------------------------------------------------------------------------

@@ -381,8 +381,23 @@ def torchrun(tmp_path, args, wrapper=None, port=29517):
 
 
 def test_torchrun_two_cpu_processes_end_with_identical_weights(tiny_data, tmp_path):
-    torchrun(tmp_path, ["--data", tiny_data, "--epochs", "1", "--subset", "8", "--out", tmp_path / "ddp", *TINY])
+    # --cache ram: the two processes of this machine must map one copy of the decoded images, not hold two
+    wrapper = tmp_path / "cache_probe.py"
+    wrapper.write_text(
+        f"import json, os, runpy, sys, numpy as np, torch\nsys.path.insert(0, {str(REPO)!r})\n"
+        "sys.argv = ['train.py'] + sys.argv[1:]\n"
+        "g = runpy.run_path('train.py', run_name='__main__')\nimage = g['train_set'].cache[0]\nbase = image\n"
+        "while not isinstance(base, np.memmap) and base.base is not None:\n    base = base.base\n"
+        f"with open({str(tmp_path)!r} + '/cache' + os.environ['RANK'] + '.json', 'w') as f:\n"
+        "    json.dump({'file': getattr(base, 'filename', None), 'writeable': image.flags.writeable}, f)\n"
+    )
+    args = ["--data", tiny_data, "--epochs", "1", "--subset", "8", "--out", tmp_path / "ddp", "--cache", "ram", *TINY]
+    result = torchrun(tmp_path, args, wrapper)
     assert (tmp_path / "ddp/weights/last.pt").exists()
+    probes = [json.loads((tmp_path / f"cache{r}.json").read_text()) for r in (0, 1)]
+    assert probes[0]["file"] == probes[1]["file"] and probes[0]["file"].startswith("/dev/shm/yolo-cache-")
+    assert not probes[1]["writeable"] and not os.path.exists(probes[0]["file"])  # mapped, read-only, unlinked
+    assert "one copy shared by the 2 processes of this machine" in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("fault", ["oom", "nan"])

@@ -449,19 +449,80 @@ def load_resized(record, imgsz, cache=None, index=None):
     return img, labels
 
 
-def cache_images(records, imgsz, workers=8):
-    """--cache ram: decode and resize every image once, before the workers fork (they share it)."""
+def available_memory():
+    """Bytes of RAM the kernel can give without swapping (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
 
-    def one(r):
+
+def resized_shapes(shapes, imgsz):
+    """(h, w) of each image after load_resized, from the (h, w) as read: what the RAM cache will hold."""
+    shapes = np.asarray(shapes, dtype=np.int64).reshape(-1, 2)
+    r = imgsz / shapes.max(1, keepdims=True)
+    return np.maximum(1, np.round(shapes * r)).astype(np.int64)  # round half to even, as Python's round()
+
+
+def cache_images(records, imgsz, workers=8, shared=False):
+    """--cache ram: decode and resize every image once, into one buffer, before the workers fork (they
+    share its pages). First the memory it needs is estimated from the image sizes and compared with what is
+    free: if it does not fit, one warning and None (images are then read from disk), instead of the kernel
+    killing the run hours later. shared=True (the training set under DDP): the processes of one machine
+    share one copy, a file in /dev/shm that local rank 0 fills and every process maps; it is unlinked as
+    soon as all have mapped it, so nothing is left behind, even after a kill -9."""
+    records = as_records(records)
+    shapes = resized_shapes(records.shapes, imgsz)
+    sizes = shapes[:, 0] * shapes[:, 1] * 3
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    shared = shared and local_size > 1 and torch.distributed.is_initialized() and os.path.isdir("/dev/shm")
+    copies = 1 if shared else local_size  # without sharing, each process of this machine holds its own
+    free = available_memory()
+    if free is not None and offsets[-1] * copies > 0.8 * free:  # the rest is for the model, workers, the OS
+        log.warning(
+            f"--cache ram: {len(records)} images at {imgsz} px need {offsets[-1] * copies / 1e9:.1f} GB "
+            f"({copies} {'copy' if copies == 1 else 'copies'}) but {free / 1e9:.1f} GB of RAM are free; "
+            "training without the RAM cache (images are read from disk each time)"
+        )
+        return None
+    # One buffer: every image, then one byte per image (1: cached; 0: unreadable, read again when drawn).
+    size, local_rank = int(offsets[-1]) + len(records), int(os.environ.get("LOCAL_RANK", 0))
+    fills = not shared or local_rank == 0
+    if shared:
+        key = hashlib.sha256(records.path_bytes.tobytes() + f"{imgsz}|{os.environ.get('MASTER_PORT')}".encode())
+        path = f"/dev/shm/yolo-cache-{key.hexdigest()[:16]}"
+        buffer = np.memmap(path, np.uint8, "w+", shape=(size,)) if fills else None
+    else:
+        buffer = np.empty(size, np.uint8)
+
+    def fill(i):
         try:
-            return load_resized(r, imgsz)[0]
-        except OSError:
-            return None  # read again (and reported) when the sample is drawn
+            image = buffer[offsets[i] : offsets[i + 1]].reshape(shapes[i][0], shapes[i][1], 3)
+            image[...] = load_resized(records[i], imgsz)[0]
+            buffer[offsets[-1] + i] = 1
+        except (OSError, ValueError):  # unreadable now, or another size than at verification
+            buffer[offsets[-1] + i] = 0
 
-    with ThreadPoolExecutor(workers) as pool:
-        images = list(tqdm(pool.map(one, records), total=len(records), desc="caching images", leave=False))
-    gb = sum(i.nbytes for i in images if i is not None) / 1e9
-    log.info(f"cached {len(images)} images in RAM ({gb:.2f} GB)")
+    if fills:
+        with ThreadPoolExecutor(workers) as pool:
+            list(tqdm(pool.map(fill, range(len(records))), total=len(records), desc="caching images", leave=False))
+    if shared:
+        if fills:
+            buffer.flush()
+        torch.distributed.barrier()  # filled
+        if not fills:
+            buffer = np.memmap(path, np.uint8, "r", shape=(size,))
+        torch.distributed.barrier()  # mapped everywhere: the name can go, the memory stays while mapped
+        if fills:
+            os.unlink(path)
+    cached = buffer[offsets[-1] :]
+    images = [
+        buffer[offsets[i] : offsets[i + 1]].reshape(h, w, 3) if cached[i] else None for i, (h, w) in enumerate(shapes)
+    ]
+    where = f", one copy shared by the {local_size} processes of this machine" if shared else ""
+    log.info(f"cached {len(records)} images in RAM ({offsets[-1] / 1e9:.2f} GB{where})")
     return images
 
 
@@ -477,7 +538,7 @@ class TrainDataset(torch.utils.data.Dataset):
     def __init__(self, records, imgsz, hyp, seed=0, mosaic_epochs=None, cache_ram=False):
         self.records, self.imgsz, self.hyp, self.seed = records, imgsz, hyp, seed
         self.mosaic_epochs = mosaic_epochs  # mosaic is used while epoch < mosaic_epochs (None: always)
-        self.cache = cache_images(records, imgsz) if cache_ram else None
+        self.cache = cache_images(records, imgsz, shared=True) if cache_ram else None
         self.warned = set()
 
     def __len__(self):
