@@ -337,6 +337,10 @@ def broken_dataset(root):
 
     full = (folder / "good.jpg").read_bytes()
     (folder / "truncated.jpg").write_bytes(full[: len(full) // 2])  # cv2 still decodes it (grey bottom)
+    png = write_image(folder / "whole.png", 64, 48).read_bytes()
+    (folder / "whole.png").unlink()
+    (folder / "truncated.png").write_bytes(png[: len(png) - 40])  # its header still reads fine
+    expected["truncated.png"] = "corrupt"
     (folder / "zero.jpg").write_bytes(b"")
     (folder / "text.jpg").write_text("this is not an image\n")
     write_image(folder / "tiny.png", 6, 6)
@@ -425,6 +429,22 @@ def test_exif_orientation_is_applied(tmp_path):
     shown = D.read_image(str(path))
     assert shown.shape == (80, 40, 3)
     assert shown[:30, :, 0].mean() > 200 and shown[50:, :, 0].mean() < 50  # the red half is now on top
+
+
+def test_verification_in_processes_finds_what_threads_find_and_header_sizes_are_cv2s(tmp_path, monkeypatch):
+    # A large set is verified in a process pool (from VERIFY_IN_PROCESSES_FROM images): the same verdicts.
+    folder, expected = broken_dataset(tmp_path / "set")
+    for name, (w, h) in {"wide.bmp": (90, 30), "tall.webp": (20, 70), "plain.jpg": (33, 65)}.items():
+        write_image(folder / name, w, h)
+    files = D.list_images([folder])
+    in_threads = [D.verify_one(f, 4) for f in files]
+    monkeypatch.setattr(D, "VERIFY_IN_PROCESSES_FROM", 0)
+    records = D.load_verified([folder], nc=4, split_name="train", workers=2)
+    assert [r["im"] for r in records] == [f for f, (_, rec, _) in zip(files, in_threads) if rec is not None]
+    statuses = {Path(f).name: status for f, (status, _, _) in zip(files, in_threads)}
+    assert all(statuses[name] == status for name, status in expected.items() if name in statuses)
+    for r in records:  # the size from the header is the size of the decoded image training will use
+        assert tuple(r["shape"]) == D.read_image(r["im"]).shape[:2], r["im"]
 
 
 def test_cache_is_reused_and_invalidated_when_files_change(tmp_path, monkeypatch):
