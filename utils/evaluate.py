@@ -139,17 +139,22 @@ def match_image(det, gt, thresholds=IOU_THRESHOLDS):
     reaches the threshold. det: (n, 6) x1 y1 x2 y2 score class, sorted by score; gt: (m, 5) class x1 y1 x2 y2
     in the same pixels. Returns (n, thresholds) bool: true positive."""
     tp = np.zeros((len(det), len(thresholds)), bool)
-    if not len(det) or not len(gt):
+    near = np.flatnonzero(np.isin(det[:, 5], gt[:, 0]))  # a detection of a class the image lacks matches nothing
+    if not len(near):
         return tp
-    iou = torchvision.ops.box_iou(torch.from_numpy(det[:, :4]).double(), torch.from_numpy(gt[:, 1:]).double())
-    iou = iou.numpy() * (det[:, 5:6] == gt[None, :, 0])  # another class: no match
+    d, g = det[near, :4], gt[:, 1:]
+    inter = (np.minimum(d[:, None, 2:], g[None, :, 2:]) - np.maximum(d[:, None, :2], g[None, :, :2])).clip(0).prod(2)
+    union = (d[:, 2:] - d[:, :2]).prod(1)[:, None] + (g[:, 2:] - g[:, :2]).prod(1)[None] - inter
+    iou = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+    iou *= det[near, 5:6] == gt[None, :, 0]  # another class: no match
     free = np.ones((len(thresholds), len(gt)), bool)
     rows = np.arange(len(thresholds))
-    for d in np.flatnonzero(iou.max(1) >= thresholds[0]):  # the others match nothing at any threshold
-        candidates = np.where(free, iou[d], -1.0)
-        g = candidates.argmax(1)
-        tp[d] = candidates[rows, g] >= thresholds
-        free[rows[tp[d]], g[tp[d]]] = False
+    for k in np.flatnonzero(iou.max(1) >= thresholds[0]):  # the others match nothing at any threshold
+        candidates = np.where(free, iou[k], -1.0)
+        best = candidates.argmax(1)
+        hit = candidates[rows, best] >= thresholds
+        free[rows[hit], best[hit]] = False
+        tp[near[k]] = hit
     return tp
 
 
