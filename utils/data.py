@@ -515,7 +515,12 @@ def cache_images(records, imgsz, workers=8, shared=False):
     shared = shared and local_size > 1 and torch.distributed.is_initialized() and os.path.isdir("/dev/shm")
     copies = 1 if shared else local_size  # without sharing, each process of this machine holds its own
     free = available_memory()
-    if free is not None and offsets[-1] * copies > 0.8 * free:  # the rest is for the model, workers, the OS
+    fits = free is None or offsets[-1] * copies <= 0.8 * free  # the rest is for the model, workers, the OS
+    if shared:  # every process must take the same way through the barriers below: rank 0's verdict
+        verdict = [fits]
+        torch.distributed.broadcast_object_list(verdict, src=0)
+        fits = verdict[0]
+    if not fits:
         log.warning(
             f"--cache ram: {len(records)} images at {imgsz} px need {offsets[-1] * copies / 1e9:.1f} GB "
             f"({copies} {'copy' if copies == 1 else 'copies'}) but {free / 1e9:.1f} GB of RAM are free; "
