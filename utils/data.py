@@ -523,7 +523,7 @@ def cache_images(records, imgsz, workers=8, shared=False):
     if not fits:
         log.warning(
             f"--cache ram: {len(records)} images at {imgsz} px need {offsets[-1] * copies / 1e9:.1f} GB "
-            f"({copies} {'copy' if copies == 1 else 'copies'}) but {free / 1e9:.1f} GB of RAM are free; "
+            f"({copies} {'copy' if copies == 1 else 'copies'}) but {(free or 0) / 1e9:.1f} GB of RAM are free; "
             "training without the RAM cache (images are read from disk each time)"
         )
         return None
