@@ -55,7 +55,7 @@ from utils.ema import ModelEMA, unwrap
 from utils.evaluate import evaluate, format_table
 from utils.general import abort_run, explicit_flags, install_crash_handler, next_run_dir, seed_everything, setup_logging
 from utils.loss import DetectionLoss
-from utils.optim import build_optimizer, optimizer_step, set_learning_rate
+from utils.optim import accumulation_windows, build_optimizer, optimizer_step, set_learning_rate
 from utils.plots import (
     in_background,
     plot_batch,
@@ -78,8 +78,9 @@ HYP = dict(
     weight_decay=5e-4,  # scaled by (batch * accumulate / nominal_batch)
     warmup_epochs=3.0,  # at least 100 iterations
     warmup_momentum=0.8,
-    warmup_bias_lr=0.1,  # sgd only: biases start high and come down
+    warmup_bias_lr=0.1,  # biases start high and come down (with adamw capped at lr0 unless given)
     nominal_batch=64,  # gradients are accumulated until a step has seen this many images
+    accumulate_warmup=0,  # 1: accumulation ramps from 1 micro-batch to the full count over the warmup
     clip_grad=10.0,  # max gradient norm
     box=7.5,  # loss gains
     cls=0.5,
@@ -292,7 +293,7 @@ accumulate = args.accumulate or max(round(args.nominal_batch / args.batch), 1)
 if args.optimizer == "auto":  # Adam-style for short runs, SGD for long ones (what Ultralytics' "auto" does)
     args.optimizer = "adamw" if args.epochs * -(-len(train_records) // args.batch) < 10_000 else "sgd"
 args.lr0 = args.lr0 or {"sgd": 0.01, "adamw": 0.002}[args.optimizer]
-if args.optimizer == "adamw":
+if args.optimizer == "adamw" and "warmup_bias_lr" not in given_flags:
     args.warmup_bias_lr = min(args.warmup_bias_lr, args.lr0)  # a 0.1 start is far too high for Adam
 weight_decay = args.weight_decay * args.batch * accumulate / args.nominal_batch
 optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weight_decay)
@@ -349,7 +350,8 @@ log.info(
     f"{count_gflops(unwrap(model), 640):.1f} GFLOPs at 640 | "
     f"{len(train_records)} train / {len(val_records)} val images, {nc} classes | "
     f"{args.epochs} epochs at {args.imgsz} px, "
-    f"batch {args.batch} x accumulate {accumulate} | {args.optimizer} lr0 {args.lr0} | {device}"
+    f"batch {args.batch} x accumulate {accumulate}{' (from 1 over the warmup)' * bool(args.accumulate_warmup)} | "
+    f"{args.optimizer} lr0 {args.lr0} | {device}"
     + (f" x {world_size} processes" if world_size > 1 else "")
     + (f" | amp {str(amp_dtype).split('.')[-1]}" if use_amp else "")
     + f" | {args.workers} loader workers"
@@ -427,6 +429,7 @@ for epoch in range(start_epoch, args.epochs):
     batches_done, window_batches, window_dropped = 0, 0, False
     assignments_on_cpu_before = loss_fn.assignments_on_cpu
     lr = optimizer.param_groups[-1]["lr"]  # (a run resumed at the very end of an epoch trains no step in it)
+    windows = accumulation_windows(epoch, nb, accumulate, warmup_iterations, args.accumulate_warmup)
     if epoch == args.epochs - args.close_mosaic and is_main and hyp["mosaic"] > 0:
         log.info(f"epoch {epoch + 1}: mosaic off for the last {args.close_mosaic} epochs")
     progress = tqdm(
@@ -453,7 +456,7 @@ for epoch in range(start_epoch, args.epochs):
             if size != images.shape[-1]:
                 targets[:, 2:] *= size / images.shape[-1]
                 images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
-        last_micro_step = (i + 1) % accumulate == 0 or i == nb - 1
+        last_micro_step = i in windows
 
         # Forward under autocast; the loss in fp32 (utils/loss.py, which also redoes the label assignment
         # on the CPU when that alone runs out of memory). Out of memory in the forward or the backward
@@ -520,7 +523,7 @@ for epoch in range(start_epoch, args.epochs):
             window_batches, window_dropped = 0, False
             # Saving and stopping happen only here, between optimizer steps, so that no accumulated
             # gradient is lost: the saved state is exactly what an uninterrupted run has.
-            pending_save |= bool(args.save_every) and (i + 1) % args.save_every < accumulate
+            pending_save |= bool(args.save_every) and (i + 1) % args.save_every < windows[i]
             if stop:
                 if is_main:
                     save_last(epoch, i + 1)

@@ -115,6 +115,21 @@ def test_two_epoch_run_writes_every_output(tiny_data, tmp_path):
     assert yaml.safe_load((out / "args.yaml").read_text())["epochs"] == 2
 
 
+def test_accumulation_windows_ramp_over_the_warmup_and_partition_each_epoch():
+    from utils.optim import accumulation_windows
+
+    assert accumulation_windows(0, 10, 4, 0, ramp=True) == {3: 4, 7: 4, 9: 2}  # the last window ends the epoch
+    assert accumulation_windows(0, 10, 4, 100, ramp=False) == {3: 4, 7: 4, 9: 2}
+    epochs = [accumulation_windows(e, 50, 4, 120, ramp=True) for e in range(4)]
+    for windows in epochs:  # contiguous windows that cover the epoch exactly
+        ends = sorted(windows)
+        assert ends[-1] == 49 and [e - windows[e] for e in ends] == [-1] + ends[:-1]
+    sizes = [size for windows in epochs for size in windows.values()]
+    assert sizes[:15] == [1] * 15 and sizes[-1] == 2 and max(sizes) == 4  # 1 at first, 4 after the warmup
+    assert len(sizes) > 1.5 * sum(len(accumulation_windows(e, 50, 4, 120, ramp=False)) for e in range(4))
+    assert accumulation_windows(2, 50, 4, 120, ramp=True) == epochs[2]  # a pure function: resume sees the same
+
+
 def test_killed_run_resumes_to_bitwise_identical_weights(tiny_data, tmp_path):
     common = [
         "--data",

@@ -64,6 +64,23 @@ def set_learning_rate(optimizer, iteration, epoch, hyp, epochs, warmup_iteration
     return optimizer.param_groups[-1]["lr"]
 
 
+def accumulation_windows(epoch, nb, accumulate, warmup_iterations, ramp):
+    """{index within the epoch of the last micro-batch of each accumulation window: the window's size}.
+    ramp: during the warmup the window grows from 1 micro-batch to `accumulate` (as Ultralytics does: far
+    more, smaller optimizer steps while the network is least trained). A window never spans two epochs.
+    A pure function of its arguments, so a run resumed at a window's end sees the same windows."""
+    windows, start = {}, 0
+    while start < nb:
+        iteration = epoch * nb + start
+        size = accumulate
+        if ramp and iteration < warmup_iterations:
+            size = max(1, round(1 + (accumulate - 1) * iteration / warmup_iterations))
+        end = min(start + size, nb) - 1
+        windows[end] = end - start + 1
+        start = end + 1
+    return windows
+
+
 def optimizer_step(model, optimizer, scaler, max_norm):
     """Unscale (fp16), clip, and step unless the gradient norm is NaN/Inf; then zero the gradients.
     Returns whether it stepped. Under DDP the gradients are all-reduced by now, so every rank sees the
