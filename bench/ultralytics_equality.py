@@ -38,7 +38,7 @@ def ours_raw(weights, inputs, out):
 
     from models.yolo import model_from_checkpoint
 
-    model, x, result = model_from_checkpoint(weights).float(), torch.load(inputs), {}
+    model, x, result = model_from_checkpoint(weights).float(), torch.load(inputs, weights_only=True), {}
     for layout in ("channels_last", "contiguous"):
         if layout == "contiguous":
             model.to(memory_format=torch.contiguous_format)
@@ -113,7 +113,7 @@ def main():
         decoded = decoded.transpose(1, 2)
         decoded = torch.cat((xywh2xyxy(decoded[..., :4]), decoded[..., 4:]), 2)
         run([py, __file__, "--ours-raw", weights, work / "inputs.pt", work / "ours_raw.pt"])
-        ours = torch.load(work / "ours_raw.pt")
+        ours = torch.load(work / "ours_raw.pt", weights_only=True)
         row["raw_shape"] = list(theirs_raw.shape)
         for layout in ("channels_last", "contiguous"):
             out_ours = ours[f"decoded_{layout}"]
