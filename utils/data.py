@@ -471,12 +471,9 @@ def load_resized(record, imgsz, cache=None, index=None):
             raise OSError(f"image {record['im']} can no longer be read")
         h, w = img.shape[:2]
         r = imgsz / max(h, w)
-        if r != 1:  # max(1, ...): a 10 x 2000 strip must not become 0 px high
-            img = cv2.resize(
-                img,
-                (max(1, round(w * r)), max(1, round(h * r))),
-                interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR,
-            )
+        if r != 1:  # resized_shapes: the one rounding rule, also behind the RAM cache's buffer
+            nh, nw = resized_shapes((h, w), imgsz)[0]
+            img = cv2.resize(img, (int(nw), int(nh)), interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR)
     h, w = img.shape[:2]
     labels = np.array(record["labels"], dtype=np.float32).reshape(-1, 5)
     labels[:, [1, 3]] *= w
@@ -494,7 +491,8 @@ def available_memory():
 
 
 def resized_shapes(shapes, imgsz):
-    """(h, w) of each image after load_resized, from the (h, w) as read: what the RAM cache will hold."""
+    """(h, w) of each image after load_resized, from the (h, w) as read: the long side becomes imgsz, the
+    short one is rounded, and never below 1 px (a 10 x 2000 strip must not become 0 px high)."""
     shapes = np.asarray(shapes, dtype=np.int64).reshape(-1, 2)
     r = imgsz / shapes.max(1, keepdims=True)
     return np.maximum(1, np.round(shapes * r)).astype(np.int64)  # round half to even, as Python's round()
