@@ -155,17 +155,21 @@ def read_pickled_checkpoint(path):
     return obj, sorted(unpickler.calls)
 
 
-def module_tensors(module, prefix=""):
+def named_modules(module, prefix=""):
+    """(name prefix, stub) of a stubbed nn.Module and of every module under it, like Module.named_modules."""
+    if isinstance(module, Stub):
+        yield prefix, module
+        for name, child in (module.state.get("_modules") or {}).items():
+            yield from named_modules(child, f"{prefix}{name}.")
+
+
+def module_tensors(module):
     """The state_dict of a stubbed nn.Module: its parameters, persistent buffers and children's, by name."""
-    state = module.state if isinstance(module, Stub) else {}
     tensors = {}
-    for name, value in (state.get("_parameters") or {}).items():
-        if isinstance(value, torch.Tensor):
-            tensors[prefix + name] = value
-    skip = state.get("_non_persistent_buffers_set") or set()
-    for name, value in (state.get("_buffers") or {}).items():
-        if isinstance(value, torch.Tensor) and name not in skip:
-            tensors[prefix + name] = value
-    for name, child in (state.get("_modules") or {}).items():
-        tensors.update(module_tensors(child, f"{prefix}{name}."))
+    for prefix, stub in named_modules(module):
+        skip = stub.state.get("_non_persistent_buffers_set") or set()
+        parameters, buffers = stub.state.get("_parameters") or {}, stub.state.get("_buffers") or {}
+        for name, value in [*parameters.items(), *((n, v) for n, v in buffers.items() if n not in skip)]:
+            if isinstance(value, torch.Tensor):
+                tensors[prefix + name] = value
     return tensors

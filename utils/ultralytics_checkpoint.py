@@ -11,7 +11,7 @@ the renamed weights into our model then checks every shape.
 
 import torch
 
-from utils.safe_unpickle import Stub, module_tensors, read_pickled_checkpoint, stub_name
+from utils.safe_unpickle import Stub, module_tensors, named_modules, read_pickled_checkpoint, stub_name
 
 # Layer classes, in order, of each family's detection model.
 _V8 = "Conv Conv C2f Conv C2f Conv C2f Conv C2f SPPF Upsample Concat C2f Upsample Concat C2f Conv Concat C2f Conv "
@@ -99,7 +99,7 @@ def convert_ultralytics(path):
             if name == "head":
                 key = key.replace("cv2.", "box.", 1).replace("cv3.", "cls.", 1)
             weights[f"{name}.{key}"] = tensor.float() if tensor.is_floating_point() else tensor
-    eps = {layer.state.get("eps") for layer in _walk(model) if type(layer)._name == "BatchNorm2d"}
+    eps = {layer.state.get("eps") for _, layer in named_modules(model) if type(layer)._name == "BatchNorm2d"}
     if eps - {1e-3}:
         raise ValueError(f"has BatchNorm eps {sorted(eps)}; YOLOv8/YOLO11 use 0.001")
 
@@ -125,10 +125,3 @@ def convert_ultralytics(path):
         "source": f"ultralytics {version}".strip(),
         "args": {},  # their training settings mean other things here (their data yaml, their hyperparameters)
     }
-
-
-def _walk(module):
-    yield module
-    for child in (module.state.get("_modules") or {}).values():
-        if isinstance(child, Stub):
-            yield from _walk(child)
