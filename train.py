@@ -85,6 +85,7 @@ HYP = dict(
     box=7.5,  # loss gains
     cls=0.5,
     dfl=1.5,
+    tiny_box=8.5,  # assigner: box sides under 8.5 px count as this long when picking anchors (one stride-8 centre)
     hsv_h=0.015,  # augmentation: HSV jitter fractions
     hsv_s=0.7,
     hsv_v=0.4,
@@ -95,6 +96,7 @@ HYP = dict(
     flipud=0.0,  # probabilities
     fliplr=0.5,
     mosaic=1.0,
+    mosaic_min_area=0.1,  # a box the mosaic cuts to under this fraction of its area is dropped (0: only empty ones)
     mixup=0.0,
     close_mosaic=10,  # no mosaic in the last N epochs: finish on images that look like test images
     ema_decay=0.9999,
@@ -304,7 +306,7 @@ if is_main:  # every setting as this run resolved it: flags, dataset defaults, o
 # The loss scale goes into the checkpoint (pitfall T1: else a resumed run searches the scale again);
 # bf16 has fp32's range and needs no scaling.
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
-loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl)
+loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl, tiny_box=args.tiny_box)
 
 start_epoch, start_iteration, best_fitness, best_epoch = 0, 0, -1.0, 0
 if checkpoint is not None:

@@ -25,7 +25,7 @@ from utils import data as D
 from utils.augment import flip_lr, letterbox, mosaic4, random_affine
 from utils.boxes import scale_boxes_to_original
 from utils.coco import coco_to_yolo
-from utils.shapes import NAMES, draw_image, make_shapes
+from utils.shapes import NAMES, STYLES, draw_image, make_shapes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,6 +41,7 @@ HYP = dict(
     flipud=0.0,
     fliplr=0.5,
     mosaic=1.0,
+    mosaic_min_area=0.1,
     mixup=0.0,
 )
 NO_AUG = dict(HYP, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0, translate=0.0, scale=0.0, fliplr=0.0, mosaic=0.0)
@@ -658,6 +659,27 @@ def test_affine_without_rotation_moves_boxes_with_pixels():
         assert_boxes_tight(out, boxes)
 
 
+def test_mosaic_min_area_drops_mostly_cut_boxes_unless_zero():
+    # one wide box in each image, placed so that the mosaic's centre cuts most of some of them away
+    size = 64
+    images, labels = [], []
+    for k in range(4):
+        img, lab = canvas_with_rects(64, 64, [(2, 2, 62, 62, k)])
+        images.append(img)
+        labels.append(lab)
+    kept = {0.1: 0, 0.0: 0}
+    cut_small = 0
+    for seed in range(20):
+        for min_area in kept:
+            _, boxes = mosaic4(images, labels, size, np.random.default_rng(seed), min_area)
+            kept[min_area] += len(boxes)
+            area = (boxes[:, 3] - boxes[:, 1]) * (boxes[:, 4] - boxes[:, 2])
+            assert (area > 0).all()  # empty boxes never survive
+            if min_area == 0.0:
+                cut_small += int((area < 0.1 * 60 * 60).sum())
+    assert cut_small > 0 and kept[0.0] == kept[0.1] + cut_small
+
+
 def test_mosaic_moves_boxes_with_pixels():
     size = 64
     images, labels = [], []
@@ -924,6 +946,24 @@ def test_shapes_set_is_deterministic_and_generated_on_first_use(tmp_path):
     make_shapes(tmp_path / "generated", n_train=2, n_val=1, size=64)
     assert len(D.list_images([tmp_path / "generated" / "images" / "train"])) == 2
     assert len(list((tmp_path / "generated" / "labels" / "train").glob("*.txt"))) <= 2
+
+
+def test_crowd_style_is_many_small_objects_of_other_types(tmp_path):
+    counts, sides, classes = [], [], set()
+    for i in range(12):
+        img, labels = draw_image(np.random.default_rng([7, i]), 320, 320, "crowd")
+        boxes = np.array(labels, float).reshape(-1, 5)
+        assert (boxes[:, 1:3] >= 0).all() and (boxes[:, 3] <= 320).all() and (boxes[:, 4] <= 320).all()
+        counts.append(len(boxes))
+        sides += np.maximum(boxes[:, 3] - boxes[:, 1], boxes[:, 4] - boxes[:, 2]).tolist()
+        classes.update(boxes[:, 0].astype(int).tolist())
+    assert classes == set(range(len(STYLES["crowd"]["names"]))) and not set(STYLES["crowd"]["names"]) & set(NAMES)
+    assert np.median(counts) >= 15 and np.median(sides) <= 16 and max(sides) <= 26
+    # the style is part of the set's identity: asking for the other style regenerates it
+    root = make_shapes(tmp_path / "set", n_train=2, n_val=1, size=96, style="crowd")
+    crowd_labels = (root / "labels" / "train" / "train_00000.txt").read_text()
+    make_shapes(root, n_train=2, n_val=1, size=96)
+    assert (root / "labels" / "train" / "train_00000.txt").read_text() != crowd_labels
 
 
 def test_shapes_images_have_what_makes_them_worth_learning():

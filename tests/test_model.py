@@ -110,6 +110,20 @@ def test_assigner_tiny_box_between_anchor_centres_still_gets_an_anchor():
     assert ((nearest - torch.tensor([6.5, 6.5])).abs() <= 8).all()  # the neighbouring cells only
 
 
+def test_assigner_tiny_box_grows_tiny_sides_only():
+    # a 4x4 box holds no anchor centre; grown to 8.5 px it reaches one cell row/column, grown to 16 (Ultralytics'
+    # rule) two: more candidates. A 24x24 box is left as it is by both.
+    anchors, _ = _anchors_for(64)
+    candidates = {}
+    for name, box in (("tiny", (9, 9, 13, 13)), ("large", (10, 10, 34, 34))):
+        exact = torch.tensor(box, dtype=torch.float32).expand(1, len(anchors), 4)  # every candidate aligns equally
+        for grow in (8.5, 16):
+            _, (_, _, fg, _) = _assign([[(0, *box)]], pred_boxes=exact, tiny_box=grow, topk=30)
+            candidates[name, grow] = fg[0].nonzero().flatten().tolist()
+    assert 1 <= len(candidates["tiny", 8.5]) < len(candidates["tiny", 16])
+    assert candidates["large", 8.5] == candidates["large", 16]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_assigner_on_cpu_equals_assigner_on_original_device(device):
     torch.manual_seed(0)

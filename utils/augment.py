@@ -106,9 +106,10 @@ def flip_ud(img, labels):
     return img, labels
 
 
-def mosaic4(images, labels, size, rng):
+def mosaic4(images, labels, size, rng, min_area=0.1):
     """Place four images around a random centre on a 2*size canvas. The caller crops it back to
-    size x size with random_affine(border=-size/2). images: resized so the long side is `size`."""
+    size x size with random_affine(border=-size/2). images: resized so the long side is `size`.
+    min_area: boxes cut to under this fraction of their area are dropped (0: only empty ones)."""
     canvas = np.full((size * 2, size * 2, 3), PAD_VALUE, dtype=np.uint8)
     xc, yc = (int(rng.uniform(size * 0.5, size * 1.5)) for _ in range(2))
     out = []
@@ -136,5 +137,5 @@ def mosaic4(images, labels, size, rng):
     before = merged[:, 1:5].copy()
     merged[:, [1, 3]] = merged[:, [1, 3]].clip(0, 2 * size)
     merged[:, [2, 4]] = merged[:, [2, 4]].clip(0, 2 * size)
-    keep = keep_boxes(before, merged[:, 1:5]) if len(merged) else np.zeros(0, bool)
+    keep = keep_boxes(before, merged[:, 1:5], 2 if min_area else 0, min_area) if len(merged) else np.zeros(0, bool)
     return canvas, merged[keep]

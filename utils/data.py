@@ -622,8 +622,9 @@ class TrainDataset(torch.utils.data.Dataset):
     def load_mosaic(self, index, rng):
         indices = [index] + [int(i) for i in rng.integers(0, len(self), 3)]
         loaded = [self.load(i, rng) for i in indices]
-        canvas, labels = mosaic4([im for im, _ in loaded], [lb for _, lb in loaded], self.imgsz, rng)
         hyp = self.hyp
+        images, labels = [im for im, _ in loaded], [lb for _, lb in loaded]
+        canvas, labels = mosaic4(images, labels, self.imgsz, rng, hyp["mosaic_min_area"])
         border = (-self.imgsz // 2, -self.imgsz // 2)
         return random_affine(canvas, labels, rng, hyp["degrees"], hyp["translate"], hyp["scale"], hyp["shear"], border)
 

@@ -49,10 +49,10 @@ class DetectionLoss:
     the CPU, a running total (train.py reports how many each epoch added).
     """
 
-    def __init__(self, head, box_gain=7.5, cls_gain=0.5, dfl_gain=1.5, topk=10):
+    def __init__(self, head, box_gain=7.5, cls_gain=0.5, dfl_gain=1.5, topk=10, tiny_box=8.5):
         self.nc, self.reg_max, self.strides = head.nc, head.reg_max, head.strides
         self.gains = (box_gain, cls_gain, dfl_gain)
-        self.topk = topk
+        self.topk, self.tiny_box = topk, tiny_box
         self.assignments_on_cpu = 0
 
     def __call__(self, maps, targets):
@@ -78,7 +78,7 @@ class DetectionLoss:
             gt_mask,
         )
         try:
-            assigned = assign_targets(*assignment_inputs, topk=self.topk)
+            assigned = assign_targets(*assignment_inputs, topk=self.topk, tiny_box=self.tiny_box)
         except torch.OutOfMemoryError:
             assigned = None  # pitfall D5: an image with very many boxes (memory grows as boxes x anchors)
         if assigned is None:  # out of the except block, the failed attempt's tensors are released
@@ -86,7 +86,7 @@ class DetectionLoss:
                 torch.cuda.empty_cache()
             self.assignments_on_cpu += 1
             log.warning(f"out of memory in the label assignment ({len(targets)} boxes in the batch): redone on the CPU")
-            assigned = assign_targets(*assignment_inputs, topk=self.topk, device="cpu")
+            assigned = assign_targets(*assignment_inputs, topk=self.topk, tiny_box=self.tiny_box, device="cpu")
         target_boxes, target_scores, fg, _ = assigned
         score_sum = target_scores.sum().clamp(min=1)
 

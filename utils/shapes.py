@@ -10,6 +10,10 @@ What makes it worth learning (and not a toy that a 3x3 filter solves):
 - overlap and partial occlusion (a later shape may hide up to half of an earlier one;
   the label is the box of what stays visible, as COCO's boxes are);
 - clutter that is not an object (lines, arcs, dots, scribbles), and images with no object.
+
+A second style, `crowd` (`--style crowd`), is a set of another character for benchmarks: other object
+types (rings, crescents, arrows, bars, tees: thin parts and holes), 15-60 objects per image and most of
+them 6-16 px across, so the small-object and crowded-assignment paths carry the score.
 """
 
 import argparse
@@ -25,6 +29,44 @@ from utils.general import atomic_write, write_text_atomic
 
 NAMES = ["circle", "square", "triangle", "star", "cross", "hexagon"]
 GENERATOR_VERSION = 1  # bump when the drawing changes, so old copies are regenerated
+# What each style draws: class names, objects per image (low, high), the radius range in px (low, high; None =
+# a sixth of the image's short side), and the fraction of images left empty.
+STYLES = {
+    "shapes": dict(names=NAMES, objects=(1, 12), radius=(3, None), empty_fraction=0.08),
+    "crowd": dict(
+        names=["ring", "crescent", "arrow", "bar", "tee"], objects=(15, 60), radius=(3, 12), empty_fraction=0.02
+    ),
+}
+# Outlines given as corner points of a shape of radius 1, every corner within the unit circle (the drawing
+# works inside the shape's box).
+CORNERS = {
+    "cross": [
+        (-0.33, -1),
+        (0.33, -1),
+        (0.33, -0.33),
+        (1, -0.33),
+        (1, 0.33),
+        (0.33, 0.33),
+        (0.33, 1),
+        (-0.33, 1),
+        (-0.33, 0.33),
+        (-1, 0.33),
+        (-1, -0.33),
+        (-0.33, -0.33),
+    ],  # a plus sign
+    "arrow": [(-1, -0.14), (0.25, -0.14), (0.25, -0.45), (0.95, 0), (0.25, 0.45), (0.25, 0.14), (-1, 0.14)],
+    "bar": [(-0.97, -0.24), (0.97, -0.24), (0.97, 0.24), (-0.97, 0.24)],
+    "tee": [
+        (-0.7, -0.7),
+        (0.7, -0.7),
+        (0.7, -0.35),
+        (0.17, -0.35),
+        (0.17, 0.95),
+        (-0.17, 0.95),
+        (-0.17, -0.35),
+        (-0.7, -0.35),
+    ],
+}
 
 
 def _polygon(kind, cx, cy, r, angle):
@@ -41,17 +83,33 @@ def _polygon(kind, cx, cy, r, angle):
     elif kind == "star":
         t = np.arange(10) * math.pi / 5 - math.pi / 2
         rad = np.where(np.arange(10) % 2 == 0, r, r * 0.42)
-    elif kind == "cross":  # a plus sign: 12 corners
-        a, b = r, r * 0.33
-        pts = np.array(
-            [(-b, -a), (b, -a), (b, -b), (a, -b), (a, b), (b, b), (b, a), (-b, a), (-b, b), (-a, b), (-a, -b), (-b, -b)]
-        )
+    else:
+        pts = np.array(CORNERS[kind]) * r
         t = np.arctan2(pts[:, 1], pts[:, 0])
         rad = np.hypot(pts[:, 0], pts[:, 1])
-    else:
-        raise ValueError(kind)
     t = t + angle
     return np.stack([cx + rad * np.cos(t), cy + rad * np.sin(t)], 1)
+
+
+def _disc(mask, cx, cy, r, value):
+    cv2.circle(mask, (round(cx * 16), round(cy * 16)), round(r * 16), value, -1, cv2.LINE_AA, shift=4)
+
+
+def _draw_mask(mask, kind, cx, cy, r, rng):
+    """Fill the shape into mask (255 inside, anti-aliased edge)."""
+    if kind == "circle":
+        _disc(mask, cx, cy, r, 255)
+        return
+    angle = rng.uniform(0, 2 * math.pi)
+    if kind == "ring":  # a hole: the inside is background, the box is the outer circle's
+        _disc(mask, cx, cy, r, 255)
+        _disc(mask, cx, cy, r * 0.55, 0)
+    elif kind == "crescent":  # a disc with a bite taken out of one side
+        _disc(mask, cx, cy, r, 255)
+        _disc(mask, cx + 0.45 * r * math.cos(angle), cy + 0.45 * r * math.sin(angle), r * 0.8, 0)
+    else:
+        pts = _polygon(kind, cx, cy, r, angle) * 16
+        cv2.fillPoly(mask, [np.round(pts).astype(np.int32)], 255, cv2.LINE_AA, shift=4)
 
 
 def _background(rng, h, w):
@@ -105,23 +163,20 @@ def _clutter(rng, img):
             cv2.polylines(img, [pts.astype(np.int32)], False, colour, 1, cv2.LINE_AA)
 
 
-def draw_image(rng, w, h, max_objects=12, empty_fraction=0.08):
+def draw_image(rng, w, h, style="shapes"):
     """One image and its labels as rows of (class, x1, y1, x2, y2) in pixels."""
+    names, (low, high), (r_min, r_max), empty_fraction = STYLES[style].values()
     img = _background(rng, h, w)
     _clutter(rng, img)
-    n = 0 if rng.random() < empty_fraction else int(rng.integers(1, max_objects + 1))
+    n = 0 if rng.random() < empty_fraction else int(rng.integers(low, high + 1))
     masks, areas, classes = [], [], []
-    short = min(h, w)
+    r_max = r_max or min(h, w) / 6  # shapes: diameter 6 px .. a third of the image
     for _ in range(n):
-        cls = int(rng.integers(0, len(NAMES)))
-        r = math.exp(rng.uniform(math.log(3), math.log(short / 6)))  # diameter 6 px .. a third of the image
+        cls = int(rng.integers(0, len(names)))
+        r = math.exp(rng.uniform(math.log(r_min), math.log(r_max)))  # log-uniform: small objects dominate
         cx, cy = rng.uniform(r * 0.5, w - r * 0.5), rng.uniform(r * 0.5, h - r * 0.5)
         mask = np.zeros((h, w), np.uint8)
-        if NAMES[cls] == "circle":
-            cv2.circle(mask, (round(cx * 16), round(cy * 16)), round(r * 16), 255, -1, cv2.LINE_AA, shift=4)
-        else:
-            pts = _polygon(NAMES[cls], cx, cy, r, rng.uniform(0, 2 * math.pi)) * 16
-            cv2.fillPoly(mask, [np.round(pts).astype(np.int32)], 255, cv2.LINE_AA, shift=4)
+        _draw_mask(mask, names[cls], cx, cy, r, rng)
         x1, y1 = max(int(cx - r) - 2, 0), max(int(cy - r) - 2, 0)
         roi = (slice(y1, int(cy + r) + 3), slice(x1, int(cx + r) + 3))  # all work stays in the shape's box
         inside = mask[roi] > 127
@@ -148,12 +203,14 @@ def draw_image(rng, w, h, max_objects=12, empty_fraction=0.08):
     return img, labels
 
 
-def make_shapes(root, n_train=1000, n_val=200, seed=0, size=320):
+def make_shapes(root, n_train=1000, n_val=200, seed=0, size=320, style="shapes"):
     """Write images/{train,val}/*.jpg and labels/{train,val}/*.txt under root. Returns root.
     Does nothing when root already holds a set made with the same settings."""
     root = Path(root)
     marker = root / "shapes.json"
     settings = {"version": GENERATOR_VERSION, "n_train": n_train, "n_val": n_val, "seed": seed, "size": size}
+    if style != "shapes":  # the shapes sets made before styles existed stay valid
+        settings["style"] = style
     if marker.exists() and json.loads(marker.read_text()) == settings:
         return root
     root.mkdir(parents=True, exist_ok=True)
@@ -164,7 +221,7 @@ def make_shapes(root, n_train=1000, n_val=200, seed=0, size=320):
         if marker.exists() and json.loads(marker.read_text()) == settings:
             return root
         marker.unlink(missing_ok=True)
-        print(f"Generating the shapes dataset in {root} ({n_train} train + {n_val} val images)...")
+        print(f"Generating the {style} dataset in {root} ({n_train} train + {n_val} val images)...")
         for split, n, split_seed in (("train", n_train, seed), ("val", n_val, seed + 1_000_003)):
             (root / "images" / split).mkdir(parents=True, exist_ok=True)
             (root / "labels" / split).mkdir(parents=True, exist_ok=True)
@@ -177,7 +234,7 @@ def make_shapes(root, n_train=1000, n_val=200, seed=0, size=320):
             for i in range(n):
                 rng = np.random.default_rng([split_seed, i])  # each image depends only on (seed, index)
                 w = int(size * rng.choice([1.0, 1.0, 1.25, 0.75]))  # a few aspect ratios, for rectangular batches
-                img, labels = draw_image(rng, w, size)
+                img, labels = draw_image(rng, w, size, style)
                 stem = f"{split}_{i:05d}"
                 jpeg = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90])[1]
                 atomic_write(root / "images" / split / f"{stem}.jpg", lambda f: f.write(jpeg.tobytes()))
@@ -199,5 +256,6 @@ if __name__ == "__main__":
     parser.add_argument("--val", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", type=int, default=320)
+    parser.add_argument("--style", default="shapes", choices=list(STYLES))
     a = parser.parse_args()
-    make_shapes(a.out, a.train, a.val, a.seed, a.size)
+    make_shapes(a.out, a.train, a.val, a.seed, a.size, a.style)
