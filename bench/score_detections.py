@@ -21,6 +21,35 @@ from utils.data import load_dataset_yaml, load_verified  # noqa: E402
 from utils.evaluate import coco_map  # noqa: E402
 
 
+def score(data_yaml, detections_json, split="val", category_offset=0):
+    """pycocotools' (mAP50-95, mAP50) of a COCO-format detections file against the YOLO labels of a split."""
+    data = load_dataset_yaml(data_yaml)
+    records = load_verified(data[split], data["nc"], split)
+    gt = records_to_coco(records, data["names"])  # image id = position in records, category id = class index
+    by_name = {Path(r["im"]).name: i for i, r in enumerate(records)}
+    by_stem = {Path(r["im"]).stem: i for i, r in enumerate(records)}
+    detections, unmatched = [], 0
+    for d in json.loads(Path(detections_json).read_text()):
+        index = by_name.get(d.get("file_name", ""), by_stem.get(str(d["image_id"])))
+        if index is None:
+            unmatched += 1
+            continue
+        detections.append(
+            {
+                "image_id": index,
+                "category_id": int(d["category_id"]) - category_offset,
+                "bbox": d["bbox"],
+                "score": d["score"],
+            }
+        )
+    if unmatched:
+        sys.exit(
+            f"error: {unmatched} detections of {detections_json} name no image of the {split} split of {data_yaml}"
+        )
+    map5095, map50, *_ = coco_map(gt, detections, list(range(data["nc"])))
+    return map5095, map50, len(detections), len(records)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=str(REPO / "data" / "shapes.yaml"))
@@ -34,31 +63,9 @@ def main():
         "--category-offset", type=int, default=0, help="subtracted from category_id to give the class index"
     )
     args = parser.parse_args()
-
-    data = load_dataset_yaml(args.data)
-    records = load_verified(data[args.split], data["nc"], args.split)
-    gt = records_to_coco(records, data["names"])  # image id = position in records, category id = class index
-    by_name = {Path(r["im"]).name: i for i, r in enumerate(records)}
-    by_stem = {Path(r["im"]).stem: i for i, r in enumerate(records)}
-    detections, unmatched = [], 0
-    for d in json.loads(Path(args.detections).read_text()):
-        index = by_name.get(d.get("file_name", ""), by_stem.get(str(d["image_id"])))
-        if index is None:
-            unmatched += 1
-            continue
-        detections.append(
-            {
-                "image_id": index,
-                "category_id": int(d["category_id"]) - args.category_offset,
-                "bbox": d["bbox"],
-                "score": d["score"],
-            }
-        )
-    if unmatched:
-        sys.exit(f"error: {unmatched} detections name no image of the {args.split} split of {args.data}")
-    map5095, map50, *_ = coco_map(gt, detections, list(range(data["nc"])))
+    map5095, map50, n_detections, n_images = score(args.data, args.detections, args.split, args.category_offset)
     print(
-        f"{args.detections}: {len(detections)} detections on {len(records)} images"
+        f"{args.detections}: {n_detections} detections on {n_images} images"
         f" | pycocotools mAP50-95 {map5095:.4f} mAP50 {map50:.4f}"
     )
 

@@ -1,0 +1,149 @@
+"""Side-by-side recipe benchmark: this repo's train.py and Ultralytics YOLOv8n under the same recipe, on two
+generated datasets, at several seeds and epoch budgets, both scored by pycocotools. Also runs the ablations.
+
+    # the main table (same recipe on both sides + each repo's defaults): 2 datasets x 3 seeds x 10/20/40 epochs
+    python bench/recipe_benchmark.py --runs ours peer peer-defaults
+    # ablations: one difference switched at a time, against "ours"
+    python bench/recipe_benchmark.py --runs ours no-ramp bias-capped lr-nc tiny-box-16 --epochs 20
+    # print the table of what has run so far (cells run earlier are never run again)
+    python bench/recipe_benchmark.py --table
+
+The recipe: from scratch, 320 px, batch 16, AdamW lr0 0.002, CPU, fp32, everything else at each repo's defaults
+(warmup 3 epochs, nominal batch 64, mosaic closed for the last 10 epochs, EMA). Each cell is scored once, on the
+weights after its last epoch (per-epoch validation is off on both sides: it changes nothing but the time), by
+utils/evaluate.coco_map, i.e. pycocotools: this repo's numbers come from train.py's metrics.json, Ultralytics'
+from its saved predictions through bench/score_detections.py. Datasets (generated here, never used for tuning):
+  shapes  make_shapes(seed 7, 300 train / 100 val, 320 px): 1-12 objects of 6 outline classes, 6-107 px
+  crowd   make_shapes(style crowd, seed 11, 300 / 100, 320 px): 15-60 rings, crescents, arrows, bars and tees,
+          6-24 px across
+Ultralytics runs in its own venv (--peer-python; its setup is in bench/ultralytics_shapes.py).
+
+Results: OUT/<dataset>/<run>/e<epochs>/s<seed>/result.json, and the table (mean +/- sample std over seeds) in
+OUT/table.md. A cell whose result.json exists is skipped, so the command can be stopped and started again.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as `python bench/recipe_benchmark.py`: find utils/ and score_detections
+
+from bench.score_detections import score  # noqa: E402
+from utils.shapes import STYLES, make_shapes  # noqa: E402
+
+DATASETS = {  # name: make_shapes arguments
+    "shapes": dict(n_train=300, n_val=100, seed=7, size=320, style="shapes"),
+    "crowd": dict(n_train=300, n_val=100, seed=11, size=320, style="crowd"),
+}
+RECIPE = ["--optimizer", "adamw", "--lr0", "0.002"]  # this repo's defaults pick the same (auto: AdamW 0.002)
+# name: (repo, extra arguments). For this repo, train.py flags on top of RECIPE; for Ultralytics, train() settings.
+RUNS = {
+    "ours": ("ours", []),
+    "peer": ("peer", ["optimizer=AdamW", "lr0=0.002"]),
+    "peer-defaults": ("peer", []),  # optimizer=auto
+    # ablations: one difference from Ultralytics at a time, each is what Ultralytics does
+    "no-ramp": ("ours", ["--accumulate-warmup", "0"]),  # accumulate 4 from the first step
+    "bias-capped": ("ours", ["--warmup-bias-lr", "0.002"]),  # AdamW bias warmup capped at lr0 (the old default)
+    "lr-nc": ("ours", ["--lr0", "{lr_nc}"]),  # Ultralytics' optimizer=auto rate: 0.002 * 5 / (4 + nc)
+    "tiny-box-16": ("ours", ["--tiny-box", "16"]),  # assigner grows sides under 8.5 px to 16 px, not 8.5
+    "mosaic-keep-cut": ("ours", ["--mosaic-min-area", "0"]),  # mosaic keeps boxes cut to under 10% of their area
+}
+
+
+def make_dataset(name, root):
+    folder = make_shapes(root / name, **DATASETS[name])
+    yaml_path = root / f"{name}.yaml"
+    names = STYLES[DATASETS[name]["style"]]["names"]
+    yaml_path.write_text(f"path: {folder.resolve()}\ntrain: images/train\nval: images/val\nnames: {names}\n")
+    return yaml_path, len(names)
+
+
+def run_cell(run, data_yaml, nc, epochs, seed, cell, peer_python):
+    repo, extra = RUNS[run]
+    extra = [a.format(lr_nc=round(0.002 * 5 / (4 + nc), 6)) for a in extra]
+    common = ["--data", str(data_yaml), "--epochs", str(epochs), "--imgsz", "320", "--batch", "16"]
+    common += ["--seed", str(seed)]
+    if repo == "ours":
+        command = [sys.executable, "train.py", *common, *RECIPE, *extra, "--val-every", str(epochs)]
+        command += ["--workers", "2", "--out", str(cell / "train")]
+    else:
+        command = [peer_python, "bench/ultralytics_shapes.py", *common, "--out", str(cell / "peer")]
+        command += ["--set", "val=False", *extra]
+    start = time.perf_counter()
+    with open(cell / "log.txt", "w") as log:
+        subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=True)
+    seconds = time.perf_counter() - start
+    if repo == "ours":
+        metrics = json.loads((cell / "train" / "metrics.json").read_text())
+        map5095, map50 = metrics["mAP50-95"], metrics["mAP50"]
+    else:
+        summary = json.loads((cell / "peer" / "summary.json").read_text())
+        map5095, map50, *_ = score(data_yaml, summary["predictions"], category_offset=1)
+    result = {"mAP50-95": map5095, "mAP50": map50, "seconds": round(seconds, 1), "command": command}
+    (cell / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def table(out):
+    """Markdown: per dataset, one row per run, one column per epoch budget; mean +/- std (seeds)."""
+    cells = {}
+    for path in sorted(out.glob("*/*/e*/s*/result.json")):
+        dataset, run, epochs = path.parts[-5], path.parts[-4], int(path.parts[-3][1:])
+        cells.setdefault((dataset, run, epochs), []).append(json.loads(path.read_text())["mAP50-95"])
+    lines = []
+    for dataset in sorted({k[0] for k in cells}):
+        budgets = sorted({k[2] for k in cells if k[0] == dataset})
+        lines += [f"\n{dataset}: mAP50-95, mean +/- std over seeds (n)\n"]
+        lines += ["| run | " + " | ".join(f"{e} epochs" for e in budgets) + " |"]
+        lines += ["|---" * (len(budgets) + 1) + "|"]
+        for run in [r for r in RUNS if any(k[:2] == (dataset, r) for k in cells)]:
+            row = []
+            for e in budgets:
+                v = cells.get((dataset, run, e), [])
+                spread = f" +/- {statistics.stdev(v):.3f}" if len(v) > 1 else ""
+                row.append(f"{statistics.mean(v):.3f}{spread} ({len(v)})" if v else "")
+            lines.append(f"| {run} | " + " | ".join(row) + " |")
+    text = "\n".join(lines) + "\n"
+    (out / "table.md").write_text(text)
+    return text
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", nargs="+", default=["ours", "peer", "peer-defaults"], choices=list(RUNS))
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--epochs", nargs="+", type=int, default=[10, 20, 40])
+    parser.add_argument("--out", default=str(REPO / "runs" / "recipe"))
+    parser.add_argument("--peer-python", default="/work/peer-venv/bin/python", help="a python with ultralytics")
+    parser.add_argument("--table", action="store_true", help="only print the table of the cells run so far")
+    args = parser.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.table:
+        data = {name: make_dataset(name, out / "data") for name in args.datasets}
+        # seeds outermost: a run stopped early still has every cell at the first seed
+        for seed in args.seeds:
+            for epochs in args.epochs:
+                for dataset in args.datasets:
+                    for run in args.runs:
+                        cell = out / dataset / run / f"e{epochs}" / f"s{seed}"
+                        if (cell / "result.json").exists():
+                            continue
+                        cell.mkdir(parents=True, exist_ok=True)
+                        result = run_cell(run, *data[dataset], epochs, seed, cell, args.peer_python)
+                        print(
+                            f"{dataset} {run} {epochs} epochs seed {seed}: mAP50-95 {result['mAP50-95']:.4f} "
+                            f"mAP50 {result['mAP50']:.4f} ({result['seconds']:.0f} s)",
+                            flush=True,
+                        )
+    print(table(out))
+
+
+if __name__ == "__main__":
+    main()
