@@ -78,9 +78,9 @@ HYP = dict(
     weight_decay=5e-4,  # scaled by (batch * accumulate / nominal_batch)
     warmup_epochs=3.0,  # at least 100 iterations
     warmup_momentum=0.8,
-    warmup_bias_lr=0.1,  # biases start high and come down (with adamw capped at lr0 unless given)
+    warmup_bias_lr=0.1,  # biases start high and come down, with adamw too (bench/RESULTS.md: recipe ablation)
     nominal_batch=64,  # gradients are accumulated until a step has seen this many images
-    accumulate_warmup=0,  # 1: accumulation ramps from 1 micro-batch to the full count over the warmup
+    accumulate_warmup=1,  # accumulation ramps from 1 micro-batch to the full count over the warmup (0: off)
     clip_grad=10.0,  # max gradient norm
     box=7.5,  # loss gains
     cls=0.5,
@@ -295,8 +295,6 @@ accumulate = args.accumulate or max(round(args.nominal_batch / args.batch), 1)
 if args.optimizer == "auto":  # Adam-style for short runs, SGD for long ones (what Ultralytics' "auto" does)
     args.optimizer = "adamw" if args.epochs * -(-len(train_records) // args.batch) < 10_000 else "sgd"
 args.lr0 = args.lr0 or {"sgd": 0.01, "adamw": 0.002}[args.optimizer]
-if args.optimizer == "adamw" and "warmup_bias_lr" not in given_flags:
-    args.warmup_bias_lr = min(args.warmup_bias_lr, args.lr0)  # a 0.1 start is far too high for Adam
 weight_decay = args.weight_decay * args.batch * accumulate / args.nominal_batch
 optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weight_decay)
 hyp = {k: getattr(args, k) for k in HYP}
