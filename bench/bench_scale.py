@@ -113,7 +113,7 @@ def copied_by_reading(records):
 
 
 def worker_memory(records, imgsz, batch, workers):
-    hyp = dict(mosaic=1.0, mosaic_min_area=0.1, mixup=0.0, degrees=0.0, translate=0.1, scale=0.5, shear=0.0, perspective=0.0)
+    hyp = dict(mosaic=1.0, mosaic_min_area=0.1, mixup=0.0, degrees=0.0, translate=0.1, scale=0.5, shear=0.0)
     hyp |= dict(hsv_h=0.015, hsv_s=0.7, hsv_v=0.4, fliplr=0.5, flipud=0.0)
     dataset = D.TrainDataset(records, imgsz, hyp, seed=0)
     sampler = D.EpochBatchSampler(len(dataset), batch)

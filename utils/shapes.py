@@ -39,34 +39,16 @@ STYLES = {
 }
 # Outlines given as corner points of a shape of radius 1, every corner within the unit circle (the drawing
 # works inside the shape's box).
+# fmt: off
 CORNERS = {
-    "cross": [
-        (-0.33, -1),
-        (0.33, -1),
-        (0.33, -0.33),
-        (1, -0.33),
-        (1, 0.33),
-        (0.33, 0.33),
-        (0.33, 1),
-        (-0.33, 1),
-        (-0.33, 0.33),
-        (-1, 0.33),
-        (-1, -0.33),
-        (-0.33, -0.33),
-    ],  # a plus sign
+    "cross": [(-0.33, -1), (0.33, -1), (0.33, -0.33), (1, -0.33), (1, 0.33), (0.33, 0.33), (0.33, 1), (-0.33, 1),
+              (-0.33, 0.33), (-1, 0.33), (-1, -0.33), (-0.33, -0.33)],  # a plus sign
     "arrow": [(-1, -0.14), (0.25, -0.14), (0.25, -0.45), (0.95, 0), (0.25, 0.45), (0.25, 0.14), (-1, 0.14)],
     "bar": [(-0.97, -0.24), (0.97, -0.24), (0.97, 0.24), (-0.97, 0.24)],
-    "tee": [
-        (-0.7, -0.7),
-        (0.7, -0.7),
-        (0.7, -0.35),
-        (0.17, -0.35),
-        (0.17, 0.95),
-        (-0.17, 0.95),
-        (-0.17, -0.35),
-        (-0.7, -0.35),
-    ],
+    "tee": [(-0.7, -0.7), (0.7, -0.7), (0.7, -0.35), (0.17, -0.35), (0.17, 0.95), (-0.17, 0.95), (-0.17, -0.35),
+            (-0.7, -0.35)],
 }
+# fmt: on
 
 
 def _polygon(kind, cx, cy, r, angle):
@@ -165,10 +147,11 @@ def _clutter(rng, img):
 
 def draw_image(rng, w, h, style="shapes"):
     """One image and its labels as rows of (class, x1, y1, x2, y2) in pixels."""
-    names, (low, high), (r_min, r_max), empty_fraction = STYLES[style].values()
+    spec = STYLES[style]
+    names, (low, high), (r_min, r_max) = spec["names"], spec["objects"], spec["radius"]
     img = _background(rng, h, w)
     _clutter(rng, img)
-    n = 0 if rng.random() < empty_fraction else int(rng.integers(low, high + 1))
+    n = 0 if rng.random() < spec["empty_fraction"] else int(rng.integers(low, high + 1))
     masks, areas, classes = [], [], []
     r_max = r_max or min(h, w) / 6  # shapes: diameter 6 px .. a third of the image
     for _ in range(n):
