@@ -108,6 +108,13 @@ def table(out):
                 spread = f" +/- {statistics.stdev(v):.3f}" if len(v) > 1 else ""
                 row.append(f"{statistics.mean(v):.3f}{spread} ({len(v)})" if v else "")
             lines.append(f"| {run} | " + " | ".join(row) + " |")
+        ratios = [
+            f"{statistics.mean(cells[dataset, 'ours', e]) / statistics.mean(cells[dataset, 'peer', e]):.2f}"
+            if (dataset, "ours", e) in cells and (dataset, "peer", e) in cells
+            else ""
+            for e in budgets
+        ]
+        lines.append("| ours / peer (means) | " + " | ".join(ratios) + " |")
     text = "\n".join(lines) + "\n"
     (out / "table.md").write_text(text)
     return text
