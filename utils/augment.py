@@ -11,6 +11,8 @@ import math
 import cv2
 import numpy as np
 
+from utils.boxes import resized_side
+
 PAD_VALUE = 114  # grey padding, as the YOLO family uses: the model learns it means "nothing here"
 
 
@@ -21,7 +23,7 @@ def letterbox(img, new_shape, scaleup=True, centre=True):
     ratio = min(new_shape[0] / h, new_shape[1] / w)
     if not scaleup:  # validation: never upsample, it only invents pixels
         ratio = min(ratio, 1.0)
-    nh, nw = max(1, round(h * ratio)), max(1, round(w * ratio))  # a thin strip must not become 0 px
+    nh, nw = resized_side(h, ratio), resized_side(w, ratio)
     if (nh, nw) != (h, w):
         img = cv2.resize(img, (nw, nh), interpolation=cv2.INTER_LINEAR)
     dh, dw = new_shape[0] - nh, new_shape[1] - nw

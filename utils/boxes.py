@@ -51,20 +51,26 @@ def boxes_to_distances(boxes, anchors, max_distance):
     return torch.cat((anchors - x1y1, x2y2 - anchors), -1).clamp_(0, max_distance - 0.01)
 
 
+def resized_side(side, ratio):
+    """A side of `side` pixels resized by `ratio`, in whole pixels; a thin strip never becomes 0 px. The one
+    rounding rule of letterbox and of scale_boxes_to_original, which must agree to the pixel."""
+    return max(1, round(side * ratio))
+
+
 def scale_boxes_to_original(boxes, ratio, pad, original_shape):
     """Undo the letterbox: boxes in network-input pixels -> pixels of the original image, clipped.
 
     ratio: the resize factor (new / original); pad: (left, top) padding added after resizing;
     original_shape: (height, width) of the image as it was read. The resize rounded each side to whole
-    pixels (max(1, round(side * ratio)), as letterbox and load_resized do), so each axis is undone with
-    its own exact factor, not the nominal one (off by up to half a pixel per side: ~0.2 px at 320 px).
+    pixels (resized_side), so each axis is undone with its own exact factor, not the nominal one (off by up
+    to half a pixel per side: ~0.2 px at 320 px).
     """
     h, w = original_shape
     boxes = boxes.clone()
-    boxes[..., [0, 2]] = (boxes[..., [0, 2]] - pad[0]) / (max(1, round(w * ratio)) / w)
-    boxes[..., [1, 3]] = (boxes[..., [1, 3]] - pad[1]) / (max(1, round(h * ratio)) / h)
-    boxes[..., [0, 2]] = boxes[..., [0, 2]].clamp(0, original_shape[1])
-    boxes[..., [1, 3]] = boxes[..., [1, 3]].clamp(0, original_shape[0])
+    boxes[..., [0, 2]] = (boxes[..., [0, 2]] - pad[0]) / (resized_side(w, ratio) / w)
+    boxes[..., [1, 3]] = (boxes[..., [1, 3]] - pad[1]) / (resized_side(h, ratio) / h)
+    boxes[..., [0, 2]] = boxes[..., [0, 2]].clamp(0, w)
+    boxes[..., [1, 3]] = boxes[..., [1, 3]].clamp(0, h)
     return boxes
 
 

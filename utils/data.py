@@ -492,7 +492,7 @@ def available_memory():
 
 def resized_shapes(shapes, imgsz):
     """(h, w) of each image after load_resized, from the (h, w) as read: the long side becomes imgsz, the
-    short one is rounded, and never below 1 px (a 10 x 2000 strip must not become 0 px high)."""
+    short one is rounded, and never below 1 px (utils/boxes.resized_side's rule, for many shapes at once)."""
     shapes = np.asarray(shapes, dtype=np.int64).reshape(-1, 2)
     r = imgsz / shapes.max(1, keepdims=True)
     return np.maximum(1, np.round(shapes * r)).astype(np.int64)  # round half to even, as Python's round()
