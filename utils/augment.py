@@ -111,7 +111,8 @@ def flip_ud(img, labels):
 def mosaic4(images, labels, size, rng, min_area=0.1):
     """Place four images around a random centre on a 2*size canvas. The caller crops it back to
     size x size with random_affine(border=-size/2). images: resized so the long side is `size`.
-    min_area: boxes cut to under this fraction of their area are dropped (0: only empty ones)."""
+    min_area: boxes cut to under this fraction of their area are dropped (0: only empty ones, and slivers
+    over 100:1, which keep_boxes never keeps)."""
     canvas = np.full((size * 2, size * 2, 3), PAD_VALUE, dtype=np.uint8)
     xc, yc = (int(rng.uniform(size * 0.5, size * 1.5)) for _ in range(2))
     out = []
