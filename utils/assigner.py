@@ -14,6 +14,10 @@ runs it on the CPU and returns the results on the caller's device.
 import torch
 from torchvision.ops import complete_box_iou_loss
 
+# Stride-8 anchor centres are 8 px apart, so any open interval longer than 8 px holds one: a box side
+# under this may miss every centre and is grown to tiny_box for candidate selection.
+TINY_SIDE = 8.5
+
 
 @torch.no_grad()
 def assign_targets(
@@ -26,16 +30,16 @@ def assign_targets(
     topk=10,
     alpha=0.5,
     beta=6.0,
-    tiny_box=8.5,
+    tiny_box=TINY_SIDE,
     device=None,
 ):
     """
     pred_scores: (b, A, nc) probabilities;  pred_boxes: (b, A, 4) xyxy pixels;  anchors: (A, 2) pixels
     gt_labels: (b, n, 1);  gt_boxes: (b, n, 4) xyxy pixels;  gt_mask: (b, n, 1), 1 for real boxes (rest is padding)
-    tiny_box: box sides under 8.5 px are grown to at least this (for candidate selection only) so that a
-              tiny object always contains a stride-8 anchor centre (centres are 8 px apart, so any open
-              interval longer than 8 holds one); without it, an object smaller than a cell that falls
-              between centres gets no anchor and is never learned. Ultralytics grows them to 16 px.
+    tiny_box: box sides under TINY_SIDE (8.5 px) are grown to at least this (for candidate selection only) so
+              that a tiny object always contains a stride-8 anchor centre; without it, an object smaller than
+              a cell that falls between centres gets no anchor and is never learned. Ultralytics grows them
+              to 16 px (bench/RESULTS.md: 8.5 did better here).
     device: where to compute ("cpu" for the OOM retry); results come back on pred_scores' device.
     Returns target_boxes (b, A, 4), target_scores (b, A, nc), foreground mask (b, A) bool,
     and the index of the assigned box per anchor (b, A).
@@ -60,7 +64,7 @@ def assign_targets(
         (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2,
         gt_boxes[..., 2:] - gt_boxes[..., :2],
     )
-    size = torch.where(size < 8.5, size.clamp(min=tiny_box), size)
+    size = torch.where(size < TINY_SIDE, size.clamp(min=tiny_box), size)
     grown = torch.cat((centre - size / 2, centre + size / 2), -1)
     deltas = torch.cat((anchors[None, None] - grown[:, :, None, :2], grown[:, :, None, 2:] - anchors[None, None]), -1)
     in_box = deltas.amin(-1) > 1e-9  # b, n, A

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.ops import complete_box_iou_loss
 
-from utils.assigner import assign_targets
+from utils.assigner import TINY_SIDE, assign_targets
 from utils.boxes import boxes_to_distances, dfl_decode, distances_to_boxes, make_anchors
 
 log = logging.getLogger("yolo")
@@ -49,7 +49,7 @@ class DetectionLoss:
     the CPU, a running total (train.py reports how many each epoch added).
     """
 
-    def __init__(self, head, box_gain=7.5, cls_gain=0.5, dfl_gain=1.5, topk=10, tiny_box=8.5):
+    def __init__(self, head, box_gain=7.5, cls_gain=0.5, dfl_gain=1.5, topk=10, tiny_box=TINY_SIDE):
         self.nc, self.reg_max, self.strides = head.nc, head.reg_max, head.strides
         self.gains = (box_gain, cls_gain, dfl_gain)
         self.topk, self.tiny_box = topk, tiny_box
