@@ -11,7 +11,6 @@ Hyperparameters live in the HYP table below; every entry is also a flag (--lr0 0
 
 import argparse
 import contextlib
-import csv
 import json
 import os
 import signal
@@ -32,8 +31,8 @@ from utils.checkpoint import (
     FORMAT,
     CheckpointError,
     checkpoint_weights,
-    find_last_checkpoint,
     load_checkpoint,
+    load_resume_checkpoint,
     rng_states,
     save_checkpoint,
     set_rng_states,
@@ -43,6 +42,7 @@ from utils.data import (
     EpochBatchSampler,
     TrainDataset,
     ValDataset,
+    apply_dataset_defaults,
     fix_cv2_and_file_limits,
     load_dataset_yaml,
     load_verified,
@@ -53,7 +53,15 @@ from utils.data import (
 from utils.distributed import amp_dtype_for, any_rank, barrier, realign_ddp, setup_distributed
 from utils.ema import ModelEMA, unwrap
 from utils.evaluate import evaluate, format_table
-from utils.general import abort_run, explicit_flags, install_crash_handler, next_run_dir, seed_everything, setup_logging
+from utils.general import (
+    abort_run,
+    explicit_flags,
+    install_crash_handler,
+    next_run_dir,
+    seed_everything,
+    setup_logging,
+    start_results_csv,
+)
 from utils.loss import DetectionLoss
 from utils.optim import accumulation_windows, build_optimizer, optimizer_step, set_learning_rate
 from utils.plots import (
@@ -180,20 +188,15 @@ given_flags = explicit_flags(parser, sys.argv[1:])
 fix_cv2_and_file_limits()  # pitfalls D6-D7: file descriptors and cv2's threads (and again in every data-loader worker)
 checkpoint = None
 if args.resume:
-    path = args.resume if isinstance(args.resume, str) else find_last_checkpoint()
-    if path is None:
-        sys.exit("--resume: no runs/train/*/weights/last.pt found; give the checkpoint's path")
     try:
-        checkpoint = load_checkpoint(path)
+        path, checkpoint = load_resume_checkpoint(args.resume if isinstance(args.resume, str) else None)
     except CheckpointError as e:
         sys.exit(f"--resume: {e}")
-    if "optimizer" not in checkpoint:
-        sys.exit(f"--resume: {path} holds no training state (best.pt has none); resume from last.pt")
     # The run continues with the arguments it was started with; only where and how it runs may change
     # (another machine: its devices, its cores, the AMP its GPU supports).
     changeable = ["device", "workers"] + [k for k in ("amp", "amp_dtype") if k in given_flags]
     where = {k: getattr(args, k) for k in changeable}
-    args = argparse.Namespace(**{**vars(parser.parse_args([])), **checkpoint["args"], **where, "resume": str(path)})
+    args = argparse.Namespace(**{**vars(parser.parse_args([])), **checkpoint["args"], **where, "resume": path})
     args.out = str(Path(path).parents[1])
 
 device, rank, local_rank, world_size, flags_group = setup_distributed(args.device)
@@ -225,15 +228,10 @@ try:
     val_records = load_verified(data["val"], data["nc"], "val")
     if is_main:
         barrier(world_size, flags_group)
+    if checkpoint is None:  # a resumed run keeps the settings it started with
+        apply_dataset_defaults(args, parser, data, given_flags)
 except DatasetError as e:
     sys.exit(f"error: {e}")
-if checkpoint is None:  # a dataset yaml may recommend settings (shapes.yaml does); flags given here win
-    for key, value in (yaml.safe_load(Path(data["yaml"]).read_text()).get("defaults") or {}).items():
-        if not hasattr(args, key):
-            sys.exit(f"error: {data['yaml']}: key 'defaults' names '{key}', which is not a train.py setting")
-        if key not in given_flags:
-            default = parser.get_default(key)
-            setattr(args, key, value if default is None or isinstance(default, bool) else type(default)(value))
 if args.subset:
     train_records, val_records = train_records[: args.subset], val_records[: args.subset]
 if not 0 < args.fraction <= 1:
@@ -393,13 +391,8 @@ signal.signal(signal.SIGINT, request_stop)
 results_csv = run_dir / "results.csv"
 columns = "epoch box_loss cls_loss dfl_loss precision recall mAP50 mAP50-95 lr seconds".split()
 columns += ["assign_on_cpu", "oom_skipped_steps", "nonfinite_skipped_steps"]  # faults, counted per epoch
-if is_main and (checkpoint is None or not results_csv.exists()):
-    results_csv.write_text(",".join(columns) + "\n")
-elif is_main:  # a killed run may have written rows past its last save: drop them, they are redone
-    rows = [r for r in csv.DictReader(results_csv.open()) if int(r["epoch"]) <= start_epoch]
-    results_csv.write_text(
-        ",".join(columns) + "\n" + "".join(",".join(r.get(c) or "0" for c in columns) + "\n" for r in rows)
-    )
+if is_main:  # a resumed run keeps its rows up to its last save (a killed run may have written more)
+    start_results_csv(results_csv, columns, start_epoch if checkpoint else None)
 try:
     from torch.utils.tensorboard import SummaryWriter  # optional: scalars when tensorboard is installed
 
@@ -572,16 +565,9 @@ for epoch in range(start_epoch, args.epochs):
             if fitness > best_fitness:
                 best_fitness, best_epoch = fitness, epoch + 1
                 best = {
-                    "format": FORMAT,
-                    "scale": scale,
-                    "nc": nc,
-                    "names": names,
-                    "imgsz": args.imgsz,
-                    "model": ema.ema.state_dict(),
-                    "epoch": epoch + 1,
-                    "metrics": metrics,
-                    "args": vars(args),
-                }
+                    "format": FORMAT, "scale": scale, "nc": nc, "names": names, "imgsz": args.imgsz,
+                    "model": ema.ema.state_dict(), "epoch": epoch + 1, "metrics": metrics, "args": vars(args),
+                }  # fmt: skip
                 save_checkpoint(best, run_dir / "weights" / "best.pt")  # deployable: EMA weights, no optimizer
         losses = (sums / max(batches_done, 1)).tolist()
         faults["assign_on_cpu"] = loss_fn.assignments_on_cpu - assignments_on_cpu_before

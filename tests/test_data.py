@@ -1077,3 +1077,30 @@ def test_coco_to_yolo_clips_boxes_that_poke_out(tmp_path):
     coco_to_yolo(tmp_path / "c.json", tmp_path / "labels")
     cls, cx, cy, w, h = map(float, (tmp_path / "labels" / "x.txt").read_text().split())
     assert (cx - w / 2, cx + w / 2) == pytest.approx((0, 1)) and (cy - h / 2, cy + h / 2) == pytest.approx((0.2, 1.0))
+
+
+def test_dataset_defaults_take_the_flag_type_and_never_override_a_given_flag(tmp_path):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--lr0", type=float, default=0.0)
+    parser.add_argument("--cache", default="")
+    args = parser.parse_args(["--lr0", "0.003"])
+    data = {"yaml": tmp_path / "d.yaml", "defaults": {"epochs": "7", "lr0": 0.005, "cache": "ram"}}
+    D.apply_dataset_defaults(args, parser, data, given_flags={"lr0"})
+    assert (args.epochs, args.lr0, args.cache) == (7, 0.003, "ram")
+    for defaults, named in [({"epoch": 7}, "'epoch'"), ({"epochs": "many"}, "'epochs' to 'many'")]:
+        with pytest.raises(D.DatasetError, match=named) as error:
+            D.apply_dataset_defaults(args, parser, {**data, "defaults": defaults}, given_flags=set())
+        assert "d.yaml" in str(error.value)
+
+
+def test_dataset_yaml_defaults_must_be_a_mapping(tmp_path):
+    make_shapes(tmp_path / "s", n_train=2, n_val=1, seed=0, size=64)
+    cfg = tmp_path / "d.yaml"
+    cfg.write_text("path: s\ntrain: images/train\nval: images/val\nnames: [a]\ndefaults: [epochs, 7]\n")
+    with pytest.raises(D.DatasetError, match="d.yaml: key 'defaults' must be a mapping"):
+        D.load_dataset_yaml(cfg)
+    cfg.write_text("path: s\ntrain: images/train\nval: images/val\nnames: [a]\n")
+    assert D.load_dataset_yaml(cfg)["defaults"] == {}

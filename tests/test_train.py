@@ -506,6 +506,38 @@ def test_bad_dataset_yaml_and_bad_checkpoint_get_one_sentence(tmp_path):
     assert result.returncode != 0 and "junk.pt" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_resume_wants_a_last_pt_and_finds_the_newest(tmp_path, monkeypatch):
+    from utils.checkpoint import CheckpointError, load_resume_checkpoint, save_checkpoint
+
+    monkeypatch.chdir(tmp_path)  # --resume without a path looks under ./runs/train
+    with pytest.raises(CheckpointError, match="no runs/train/"):
+        load_resume_checkpoint()
+    best = tmp_path / "runs/train/exp/weights/best.pt"
+    save_checkpoint({"format": "yolo-flat/1", "model": {}}, best)
+    with pytest.raises(CheckpointError, match="best.pt holds no training state"):
+        load_resume_checkpoint(best)
+    for epoch, run_name in enumerate(["exp", "exp2"]):
+        save_checkpoint(
+            {"format": "yolo-flat/1", "model": {}, "optimizer": {}, "epoch": epoch},
+            f"runs/train/{run_name}/weights/last.pt",
+        )
+        time.sleep(0.05)  # distinct modification times
+    path, checkpoint = load_resume_checkpoint()
+    assert Path(path) == Path("runs/train/exp2/weights/last.pt") and checkpoint["epoch"] == 1
+
+
+def test_results_csv_of_a_resumed_run_keeps_the_rows_up_to_its_last_save(tmp_path):
+    from utils.general import start_results_csv
+
+    path = tmp_path / "results.csv"
+    start_results_csv(path, ["epoch", "box_loss"])
+    path.write_text(path.read_text() + "1,3.5\n2,3.1\n3,2.9\n")  # epoch 3 ran, but last.pt was saved after 2
+    start_results_csv(path, ["epoch", "box_loss", "lr"], resumed_epoch=2)  # a column added since: filled with 0
+    assert path.read_text() == "epoch,box_loss,lr\n1,3.5,0\n2,3.1,0\n"
+    start_results_csv(path, ["epoch", "box_loss"])  # a new run starts empty
+    assert path.read_text() == "epoch,box_loss\n"
+
+
 def test_dataset_yaml_defaults_apply_and_flags_given_win(tiny_data, tmp_path):
     cfg = yaml.safe_load(tiny_data.read_text())
     with_defaults = tiny_data.parent / "with_defaults.yaml"

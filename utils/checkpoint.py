@@ -66,6 +66,18 @@ def find_last_checkpoint(root="runs/train"):
     return max(files, key=os.path.getmtime) if files else None
 
 
+def load_resume_checkpoint(path=None):
+    """(path, checkpoint) for --resume: `path`, else the newest runs/train/*/weights/last.pt. It must hold the
+    training state (last.pt does, best.pt does not)."""
+    path = path or find_last_checkpoint()
+    if path is None:
+        raise CheckpointError("no runs/train/*/weights/last.pt found; give the checkpoint's path")
+    checkpoint = load_checkpoint(path)
+    if "optimizer" not in checkpoint:
+        raise CheckpointError(f"{path} holds no training state (best.pt has none); resume from last.pt")
+    return str(path), checkpoint
+
+
 def find_best_checkpoint(root="runs/train"):
     files = glob.glob(f"{root}/*/weights/best.pt")
     return max(files, key=os.path.getmtime) if files else None

@@ -59,9 +59,27 @@ def fix_cv2_and_file_limits():
 # ---------------------------------------------------------------------------------------------
 
 
+def apply_dataset_defaults(args, parser, data, given_flags):
+    """Set the settings a dataset yaml recommends under `defaults:` (shapes.yaml does) on `args`, except
+    those given as flags: a flag written on the command line wins. Values take the type of the flag."""
+    for key, value in data["defaults"].items():
+        if not hasattr(args, key):
+            raise DatasetError(f"{data['yaml']}: key 'defaults' names '{key}', which is not a train.py setting")
+        if key in given_flags:
+            continue
+        default = parser.get_default(key)
+        try:
+            setattr(args, key, value if default is None or isinstance(default, bool) else type(default)(value))
+        except ValueError:
+            raise DatasetError(
+                f"{data['yaml']}: key 'defaults' sets '{key}' to {value!r}, which is not a {type(default).__name__}"
+            ) from None
+
+
 def load_dataset_yaml(path):
     """Read a YOLOv5/Ultralytics dataset yaml. Returns a dict with `root`, `train`, `val`, `test`
-    (lists of resolved sources: folders or .txt lists), `names` (list), `nc`, `yaml` and `coco_json`.
+    (lists of resolved sources: folders or .txt lists), `names` (list), `nc`, `yaml`, `coco_json` and
+    `defaults` (the train.py settings the yaml recommends: apply_dataset_defaults).
     Keys we do not use (`download`, ...) are ignored, so a yaml copied from those repos works as is.
     The built-in shapes set is generated here on first use."""
     path = Path(path)
@@ -119,7 +137,10 @@ def load_dataset_yaml(path):
             f"folder {path.parent.resolve()}, then from the working directory)"
         )
 
-    out = {"root": root, "names": names, "nc": len(names), "yaml": path, "coco_json": None}
+    defaults = cfg.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise DatasetError(f"{path}: key 'defaults' must be a mapping of train.py settings to values")
+    out = {"root": root, "names": names, "nc": len(names), "yaml": path, "coco_json": None, "defaults": defaults}
     for key in ("train", "val", "test"):
         value = cfg.get(key)
         if not value:

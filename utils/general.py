@@ -4,6 +4,7 @@ numpy and torch are imported inside the functions that use them: sweep.py import
 must start in a fraction of a second, without torch.
 """
 
+import csv
 import json
 import logging
 import os
@@ -42,6 +43,18 @@ def explicit_flags(parser, argv):
             if any(a == option or a.startswith(option + "=") for a in argv):
                 given.add(action.dest)
     return given
+
+
+def start_results_csv(path, columns, resumed_epoch=None):
+    """Write results.csv's header. A resumed run keeps its rows up to `resumed_epoch`, where its last.pt was
+    saved: a killed run may have written rows past that, and those epochs are trained again."""
+    path = Path(path)
+    rows = []
+    if resumed_epoch is not None and path.exists():
+        with path.open() as f:
+            rows = [r for r in csv.DictReader(f) if int(r["epoch"]) <= resumed_epoch]
+    lines = [",".join(columns)] + [",".join(r.get(c) or "0" for c in columns) for r in rows]
+    path.write_text("\n".join(lines) + "\n")
 
 
 def next_run_dir(base="runs/train/exp"):
