@@ -108,13 +108,15 @@ def table(out):
                 spread = f" +/- {statistics.stdev(v):.3f}" if len(v) > 1 else ""
                 row.append(f"{statistics.mean(v):.3f}{spread} ({len(v)})" if v else "")
             lines.append(f"| {run} | " + " | ".join(row) + " |")
-        ratios = [
-            f"{statistics.mean(cells[dataset, 'ours', e]) / statistics.mean(cells[dataset, 'peer', e]):.2f}"
-            if (dataset, "ours", e) in cells and (dataset, "peer", e) in cells
-            else ""
-            for e in budgets
-        ]
-        lines.append("| ours / peer (means) | " + " | ".join(ratios) + " |")
+        for peer in ("peer", "peer-defaults"):  # this repo's defaults are the recipe: one "ours" row for both
+            ratios = [
+                f"{statistics.mean(cells[dataset, 'ours', e]) / statistics.mean(cells[dataset, peer, e]):.2f}"
+                if (dataset, "ours", e) in cells and (dataset, peer, e) in cells
+                else ""
+                for e in budgets
+            ]
+            if any(ratios):
+                lines.append(f"| ours / {peer} (means) | " + " | ".join(ratios) + " |")
     text = "\n".join(lines) + "\n"
     (out / "table.md").write_text(text)
     return text
