@@ -95,6 +95,8 @@ def table(out):
     for path in sorted(out.glob("*/*/e*/s*/result.json")):
         dataset, run, epochs = path.parts[-5], path.parts[-4], int(path.parts[-3][1:])
         cells.setdefault((dataset, run, epochs), []).append(json.loads(path.read_text())["mAP50-95"])
+    if not cells:
+        return f"no results under {out} yet: run the benchmark without --table first\n"
     lines = []
     for dataset in sorted({k[0] for k in cells}):
         budgets = sorted({k[2] for k in cells if k[0] == dataset})
