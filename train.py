@@ -290,7 +290,9 @@ if args.batch < 1 or args.batch % world_size:
 batch = args.batch // world_size  # --batch is the total over all GPUs
 accumulate = args.accumulate or max(round(args.nominal_batch / args.batch), 1)
 
-if args.optimizer == "auto":  # Adam-style for short runs, SGD for long ones (what Ultralytics' "auto" does)
+# Adam-style for short runs, SGD for long ones, as Ultralytics' "auto"; it counts optimizer steps (batches of
+# max(batch, nominal_batch)), this counts batches: SGD from 4x shorter runs at batch 16 (unmeasured; see RESULTS.md)
+if args.optimizer == "auto":
     args.optimizer = "adamw" if args.epochs * -(-len(train_records) // args.batch) < 10_000 else "sgd"
 args.lr0 = args.lr0 or {"sgd": 0.01, "adamw": 0.002}[args.optimizer]
 weight_decay = args.weight_decay * args.batch * accumulate / args.nominal_batch
