@@ -1090,7 +1090,11 @@ def test_dataset_defaults_take_the_flag_type_and_never_override_a_given_flag(tmp
     data = {"yaml": tmp_path / "d.yaml", "defaults": {"epochs": "7", "lr0": 0.005, "cache": "ram"}}
     D.apply_dataset_defaults(args, parser, data, given_flags={"lr0"})
     assert (args.epochs, args.lr0, args.cache) == (7, 0.003, "ram")
-    for defaults, named in [({"epoch": 7}, "'epoch'"), ({"epochs": "many"}, "'epochs' to 'many'")]:
+    for defaults, named in [
+        ({"epoch": 7}, "'epoch'"),
+        ({"epochs": "many"}, "'epochs' to 'many'"),
+        ({"epochs": [7]}, "'epochs' to \\[7\\]"),
+    ]:
         with pytest.raises(D.DatasetError, match=named) as error:
             D.apply_dataset_defaults(args, parser, {**data, "defaults": defaults}, given_flags=set())
         assert "d.yaml" in str(error.value)

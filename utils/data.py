@@ -70,7 +70,7 @@ def apply_dataset_defaults(args, parser, data, given_flags):
         default = parser.get_default(key)
         try:
             setattr(args, key, value if default is None or isinstance(default, bool) else type(default)(value))
-        except ValueError:
+        except (TypeError, ValueError):  # "many" or [7] for an int
             raise DatasetError(
                 f"{data['yaml']}: key 'defaults' sets '{key}' to {value!r}, which is not a {type(default).__name__}"
             ) from None
