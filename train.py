@@ -64,16 +64,7 @@ from utils.general import (
 )
 from utils.loss import DetectionLoss
 from utils.optim import accumulation_windows, build_optimizer, optimizer_step, set_learning_rate
-from utils.plots import (
-    in_background,
-    plot_batch,
-    plot_confidence_curves,
-    plot_confusion_matrix,
-    plot_labels,
-    plot_pr_curve,
-    plot_results,
-    plot_val_batch,
-)
+from utils.plots import in_background, plot_batch, plot_evaluation, plot_labels, plot_results
 
 # -----------------------------------------------------------------------------------------------
 # Hyperparameters (each is also a flag: --lr0 0.02, --close-mosaic 5, ...)
@@ -605,10 +596,7 @@ if is_main:
     result = evaluate(ema.ema, val_loader, names, device, data["coco_json"])
     log.info(f"best.pt (epoch {best['epoch']}):\n" + format_table(result, names))
     (run_dir / "metrics.json").write_text(json.dumps(result["metrics"], indent=2))
-    plot_pr_curve(result["curves"], names, [r["mAP50"] for r in result["per_class"]], run_dir / "pr_curve.png")
-    plot_confusion_matrix(result["confusion"], names, run_dir / "confusion_matrix.png")
-    best_f1_confidence = plot_confidence_curves(result["curves"], names, run_dir)
-    plot_val_batch(ema.ema, val_loader, names, run_dir, device)
+    best_f1_confidence = plot_evaluation(result, ema.ema, val_loader, names, run_dir, device)
     log.info(f"best F1 at confidence {best_f1_confidence:.3f} (F1_curve.png; detect.py --conf)")
     log.info(f"done in {run_dir}: weights/best.pt, weights/last.pt, results.csv, results.png")
 if world_size > 1:

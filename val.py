@@ -27,7 +27,7 @@ from utils.data import (
 from utils.distributed import select_device
 from utils.evaluate import evaluate, format_table
 from utils.general import next_run_dir, setup_logging
-from utils.plots import plot_confidence_curves, plot_confusion_matrix, plot_pr_curve, plot_val_batch
+from utils.plots import plot_evaluation
 
 parser = argparse.ArgumentParser(
     description="Evaluate a checkpoint (COCO mAP with pycocotools)",
@@ -100,11 +100,6 @@ if args.save_json:
     (out / "predictions.json").write_text(json.dumps(result["detections"]))
     if data["coco_json"] is None:  # the ground truth the mAP was computed against, for re-checking
         (out / "ground_truth.json").write_text(json.dumps(result["ground_truth"]))
-plot_pr_curve(result["curves"], data["names"], [r["mAP50"] for r in result["per_class"]], out / "pr_curve.png")
-plot_confusion_matrix(result["confusion"], data["names"], out / "confusion_matrix.png")
-log.info(
-    f"best F1 at confidence {plot_confidence_curves(result['curves'], data['names'], out):.3f} "
-    "(F1_curve.png; detect.py --conf)"
-)
-plot_val_batch(model, loader, data["names"], out, device)
+best_f1_confidence = plot_evaluation(result, model, loader, data["names"], out, device)
+log.info(f"best F1 at confidence {best_f1_confidence:.3f} (F1_curve.png; detect.py --conf)")
 log.info(f"results in {out}")

@@ -478,7 +478,9 @@ def test_val_map_equals_pycocotools_on_the_saved_detections(tiny_data, tmp_path)
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "mAP50-95" in result.stdout and "inference" in result.stdout
+    assert "mAP50-95" in result.stdout and "inference" in result.stdout and "best F1 at confidence" in result.stdout
+    pictures = ["pr_curve.png", "confusion_matrix.png", "F1_curve.png", "P_curve.png", "R_curve.png"]
+    assert all((out / p).stat().st_size > 0 for p in pictures + ["val_batch0_labels.jpg", "val_batch0_pred.jpg"])
     metrics = json.loads((out / "metrics.json").read_text())
     gt = COCO(str(out / "ground_truth.json"))
     detections = json.loads((out / "predictions.json").read_text())

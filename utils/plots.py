@@ -326,3 +326,15 @@ def plot_val_batch(model, loader, names, out_dir, device, conf=0.25):
     predictions = [p.float().cpu() for p in non_max_suppression(model(x).float(), conf, 0.7)]
     plot_batch(images, targets, names, Path(out_dir) / "val_batch0_labels.jpg")
     plot_batch(images, targets, names, Path(out_dir) / "val_batch0_pred.jpg", predictions=predictions, conf=conf)
+
+
+def plot_evaluation(result, model, loader, names, out_dir, device):
+    """The pictures of an evaluation (utils/evaluate.evaluate's result), as train.py and val.py both write them:
+    pr_curve.png, confusion_matrix.png, F1/P/R_curve.png and val_batch0_labels/pred.jpg. Returns the
+    confidence of the best mean F1 (a good detect.py --conf)."""
+    out_dir = Path(out_dir)
+    plot_pr_curve(result["curves"], names, [r["mAP50"] for r in result["per_class"]], out_dir / "pr_curve.png")
+    plot_confusion_matrix(result["confusion"], names, out_dir / "confusion_matrix.png")
+    best_f1_confidence = plot_confidence_curves(result["curves"], names, out_dir)
+    plot_val_batch(model, loader, names, out_dir, device)
+    return best_f1_confidence
