@@ -349,10 +349,14 @@ log.info(
 )
 
 
+# What rebuilds the model without the training command; last.pt and best.pt both start with it
+checkpoint_header = {"format": FORMAT, "scale": scale, "nc": nc, "names": names, "imgsz": args.imgsz}
+
+
 def training_state(epoch, iteration):
     """last.pt: everything an exact resume needs. Plain tensors and numbers only (weights_only)."""
     return {
-        "format": FORMAT, "scale": scale, "nc": nc, "names": names, "imgsz": args.imgsz,
+        **checkpoint_header,
         "model": unwrap(model).state_dict(), "ema": ema.ema.state_dict(), "ema_updates": ema.updates,
         "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
         "epoch": epoch, "iteration": iteration, "best_fitness": best_fitness, "best_epoch": best_epoch,
@@ -558,7 +562,7 @@ for epoch in range(start_epoch, args.epochs):
             if fitness > best_fitness:
                 best_fitness, best_epoch = fitness, epoch + 1
                 best = {
-                    "format": FORMAT, "scale": scale, "nc": nc, "names": names, "imgsz": args.imgsz,
+                    **checkpoint_header,
                     "model": ema.ema.state_dict(), "epoch": epoch + 1, "metrics": metrics, "args": vars(args),
                 }  # fmt: skip
                 save_checkpoint(best, run_dir / "weights" / "best.pt")  # deployable: EMA weights, no optimizer
