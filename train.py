@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import yaml
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from models.yolo import SCALES, YOLO, class_width, count_gflops, count_parameters, load_matching
@@ -47,10 +46,11 @@ from utils.data import (
     load_dataset_yaml,
     load_verified,
     make_loader,
+    multi_scale_max,
     multi_scale_size,
     single_class,
 )
-from utils.distributed import amp_dtype_for, any_rank, barrier, realign_ddp, setup_distributed
+from utils.distributed import amp_dtype_for, any_rank, barrier, realign_ddp, setup_distributed, wrap_ddp
 from utils.ema import ModelEMA, unwrap
 from utils.evaluate import evaluate, format_table
 from utils.general import (
@@ -63,7 +63,7 @@ from utils.general import (
     start_results_csv,
 )
 from utils.loss import DetectionLoss
-from utils.optim import accumulation_windows, build_optimizer, optimizer_step, set_learning_rate
+from utils.optim import accumulation_windows, build_optimizer, load_optimizer_state, optimizer_step, set_learning_rate
 from utils.plots import in_background, plot_batch, plot_evaluation, plot_labels, plot_results
 
 # -----------------------------------------------------------------------------------------------
@@ -184,14 +184,23 @@ if args.resume:
     except CheckpointError as e:
         sys.exit(f"--resume: {e}")
     # The run continues with the arguments it was started with; only where and how it runs may change
-    # (another machine: its devices, its cores, the AMP its GPU supports).
-    changeable = ["device", "workers"] + [k for k in ("amp", "amp_dtype") if k in given_flags]
+    # (another machine: its devices, its cores, the AMP its GPU supports, the batch its GPUs fit).
+    changeable = ["device", "workers"] + [k for k in ("amp", "amp_dtype", "batch") if k in given_flags]
     where = {k: getattr(args, k) for k in changeable}
     args = argparse.Namespace(**{**vars(parser.parse_args([])), **checkpoint["args"], **where, "resume": path})
     args.out = str(Path(path).parents[1])
 
 device, rank, local_rank, world_size, flags_group = setup_distributed(args.device)
 is_main = rank == 0
+if checkpoint is not None:
+    # Resumed on another number of GPUs: each keeps the images it had (the total would put several GPUs' worth
+    # on each, and run out of memory), unless --batch says otherwise. Steps keep their size through the
+    # accumulation; the schedule continues, though not bitwise as on the original GPUs.
+    saved_batch = checkpoint["args"]["batch"]
+    if "batch" not in given_flags:
+        args.batch = saved_batch // checkpoint.get("world_size", world_size) * world_size
+    if args.accumulate and args.batch != saved_batch:
+        args.accumulate = max(1, round(args.accumulate * saved_batch / args.batch))
 if args.workers is None:  # every core feeds the GPUs: the processes of this node share them
     args.workers = min(8, max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
 seed_everything(args.seed + rank, args.deterministic)  # per-rank seeds; the data's randomness is per sample
@@ -266,13 +275,14 @@ if args.sync_bn and world_size > 1 and device.type == "cpu":
 elif args.sync_bn and world_size > 1:
     # pitfall M3: torch's own, current SyncBN (older ones had bugs)
     model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-ema = ModelEMA(model, args.ema_decay, args.ema_tau)
+ema = ModelEMA(model, args.ema_decay, args.ema_tau) if is_main else None  # rank 0 alone validates and saves it
 
 use_amp = args.amp if args.amp is not None else device.type == "cuda"
 amp_dtype = amp_dtype_for(device, args.amp_dtype)  # auto: bf16 where the hardware has it, else fp16
 if args.batch == -1:  # measured on the GPU (utils/autobatch.py)
     amp = amp_dtype if use_amp else None
-    args.batch = batch_from_memory(model, args.imgsz, device, amp, world_size, default=parser.get_default("batch"))
+    largest = multi_scale_max(args.imgsz) if args.multi_scale else args.imgsz
+    args.batch = batch_from_memory(model, largest, device, amp, world_size, default=parser.get_default("batch"))
 if args.batch < 1 or args.batch % world_size:
     sys.exit(
         f"--batch {args.batch} must be positive and divisible by the number of processes ({world_size}), "
@@ -300,21 +310,19 @@ loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl, tiny_box=args.
 start_epoch, start_iteration, best_fitness, best_epoch = 0, 0, -1.0, 0
 if checkpoint is not None:
     model.load_state_dict(checkpoint["model"])
-    ema.ema.load_state_dict(checkpoint["ema"])
-    ema.updates = checkpoint["ema_updates"]
-    optimizer.load_state_dict(checkpoint["optimizer"])
+    if ema:
+        ema.ema.load_state_dict(checkpoint["ema"])
+        ema.updates = checkpoint["ema_updates"]
+    load_optimizer_state(optimizer, checkpoint["optimizer"])
     if checkpoint["scaler"]:  # empty when saved without fp16: a run resumed in fp16 then starts a new loss scale
         scaler.load_state_dict(checkpoint["scaler"])
-    start_epoch, start_iteration = checkpoint["epoch"], checkpoint["iteration"]
+    # the iteration counts batches of the saved size: the same images seen, in batches of this run's
+    start_epoch, start_iteration = checkpoint["epoch"], checkpoint["iteration"] * saved_batch // args.batch
     best_fitness, best_epoch = checkpoint["best_fitness"], checkpoint.get("best_epoch", start_epoch)  # --patience
     set_rng_states(checkpoint["rng"])
     log.info(f"resuming {args.resume} at epoch {start_epoch}, iteration {start_iteration}")
 if world_size > 1:
-    # pitfall M2: keep each rank's BN statistics (no broadcast from rank 0 every forward);
-    # validation and best.pt use the EMA, one consistent model.
-    model = DistributedDataParallel(
-        model, device_ids=[local_rank] if device.type == "cuda" else None, broadcast_buffers=False
-    )
+    model = wrap_ddp(model, device)
 
 train_set = TrainDataset(
     train_records,
@@ -360,7 +368,7 @@ def training_state(epoch, iteration):
         "model": unwrap(model).state_dict(), "ema": ema.ema.state_dict(), "ema_updates": ema.updates,
         "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
         "epoch": epoch, "iteration": iteration, "best_fitness": best_fitness, "best_epoch": best_epoch,
-        "rng": rng_states(), "args": vars(args),
+        "rng": rng_states(), "args": vars(args), "world_size": world_size,
     }  # fmt: skip
 
 
@@ -492,7 +500,8 @@ for epoch in range(start_epoch, args.epochs):
                     )
                     abort_run(run_dir, why, crash_context, is_main)
             elif optimizer_step(model, optimizer, scaler, args.clip_grad):
-                ema.update(model)
+                if ema:
+                    ema.update(model)
                 sums += window_sums
                 batches_done += window_batches
                 nonfinite_in_a_row = oom_in_a_row = 0

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from utils import checkpoint, distributed
-from utils.data import multi_scale_size
+from utils.data import multi_scale_max, multi_scale_size
 from utils.evaluate import coco_map
 from utils.loss import DetectionLoss
 
@@ -77,6 +77,8 @@ def test_multi_scale_sizes_are_multiples_of_32_for_every_imgsz(imgsz):
     assert imgsz // 2 - 32 < min(sizes) and max(sizes) <= imgsz * 3 // 2 + 32
     assert len(set(sizes)) >= 8  # it really varies
     assert sizes == [multi_scale_size(imgsz, seed=0, iteration=i) for i in range(400)]  # a pure function
+    drawn = {multi_scale_size(imgsz, seed=s, iteration=i) for s in range(3) for i in range(2000)}
+    assert max(drawn) == multi_scale_max(imgsz)  # what --batch -1 measures at under --multi-scale
 
 
 @pytest.fixture
@@ -142,3 +144,54 @@ def test_batch_minus_one_fits_the_measured_memory_to_the_free_share():
     assert fit_batch_size(linear, free_bytes=10e9, share=0.6) == 25  # (6 GB - 1 GB) / 0.2 GB
     assert fit_batch_size(lambda b: None if b >= 8 else linear(b), free_bytes=10e9) == 7  # never past an OOM
     assert fit_batch_size(lambda b: None, free_bytes=10e9) == 1
+
+
+@pytest.fixture
+def torchrun_env(fake_gpus, monkeypatch):
+    """torchrun's variables for one process of two on this node; process-group creation recorded, not run."""
+    started = []
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda *a, **kw: started.append(kw))
+    monkeypatch.setattr(distributed.dist, "new_group", lambda *a, **kw: "flags")
+
+    def launch(local_rank, local_world_size=2, visible=4):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+        env = dict(RANK=local_rank, WORLD_SIZE=local_world_size, LOCAL_RANK=local_rank)
+        for key, value in {**env, "LOCAL_WORLD_SIZE": local_world_size}.items():
+            monkeypatch.setenv(key, str(value))
+        return started
+
+    return launch
+
+
+def test_torchrun_on_named_gpus_puts_each_rank_and_its_ddp_on_that_gpu(torchrun_env, fake_gpus, monkeypatch):
+    """torchrun --nproc_per_node 2 train.py --device 2,3: local rank 1 trains on cuda:3, and DDP is told cuda:3
+    (it was told device_ids=[1], the local rank: the first forward then mixed cuda:1 and cuda:3)."""
+    started = torchrun_env(local_rank=1)
+    device, rank, local_rank, world_size, _ = distributed.setup_distributed("2,3")
+    assert device == torch.device("cuda", 3) and (rank, local_rank, world_size) == (1, 1, 2)
+    assert fake_gpus.made_current == [device] and started[0]["device_id"] == device
+    told = {}
+    monkeypatch.setattr(distributed, "DistributedDataParallel", lambda model, **kw: told.update(kw))
+    distributed.wrap_ddp(torch.nn.Linear(1, 1), device)
+    assert told["device_ids"] == [3] and told["broadcast_buffers"] is False
+
+
+def test_one_gpu_per_task_uses_the_one_gpu_each_task_sees(torchrun_env, fake_gpus):
+    """SLURM --gpus-per-task=1: every task sees only cuda:0, so local rank 1 must not ask for cuda:1."""
+    torchrun_env(local_rank=1, visible=1)
+    device, *_ = distributed.setup_distributed("")
+    assert device == torch.device("cuda", 0)
+    torchrun_env(local_rank=3, local_world_size=4, visible=2)
+    with pytest.raises(SystemExit, match="local rank 3 has no GPU: this process sees 2"):
+        distributed.setup_distributed("")
+
+
+def test_batch_minus_one_measures_at_the_largest_multi_scale_size_and_is_capped(monkeypatch):
+    """--batch -1 --multi-scale measured at --imgsz let a quarter of the iterations need more memory than measured
+    (repeated OOM); and on a large GPU small images gave thousands of images per step."""
+    from utils import autobatch
+
+    measured = []
+    monkeypatch.setattr(autobatch, "auto_batch_size", lambda model, imgsz, *a: measured.append(imgsz) or 5000)
+    batch = autobatch.batch_from_memory(None, multi_scale_max(640), torch.device("cuda", 0), None, 1, default=16)
+    assert measured == [960] and batch == autobatch.MAX_BATCH

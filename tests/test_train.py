@@ -727,3 +727,29 @@ def test_patience_single_cls_fraction_and_batch_minus_one_on_cpu(tiny_data, tmp_
         -2000:
     ]  # the checkpoint says single-cls: val.py merges the classes too
     assert [c["class"] for c in json.loads((tmp_path / "val/metrics.json").read_text())["per_class"]] == ["object"]
+
+
+def test_resume_on_fewer_gpus_keeps_the_images_per_gpu_and_per_step(tiny_data, tmp_path):
+    """A run saved on 2 processes of batch 2 each (--batch 4), resumed on one: each GPU keeps its 2 images (the
+    total of 4 on one GPU ran out of memory, and the advised smaller --batch was refused by --resume), the
+    accumulation doubles so that a step still sees 4 images, and the run goes on from the same images seen."""
+    out = tmp_path / "run"
+    run(["--data", tiny_data, "--epochs", "1", "--accumulate", "1", "--out", out, *TINY])
+    last = out / "weights/last.pt"
+    state = load(last)
+    state.update(epoch=0, iteration=2, world_size=2)  # 8 of the 12 images seen, on 2 processes
+    state["args"]["epochs"] = 2
+    torch.save(state, last)
+    output = run(["--resume", last, "--workers", "0"]).stdout
+    assert "resuming" in output and "at epoch 0, iteration 4" in output  # 8 images = 4 batches of 2
+    assert "batch 2 x accumulate 2" in output
+    resumed = load(last)
+    assert (resumed["epoch"], resumed["args"]["batch"], resumed["args"]["accumulate"]) == (2, 2, 2)
+    decay = next(g for g in resumed["optimizer"]["param_groups"] if g["name"] == "decay")
+    assert decay["weight_decay"] == pytest.approx(5e-4 * 4 / 64)  # scaled by the step's 4 images, as before
+
+    # The advice of the out-of-memory message, --batch, is accepted by --resume (same number of processes).
+    state.update(world_size=1)
+    torch.save(state, last)
+    output = run(["--resume", last, "--workers", "0", "--batch", "2"]).stdout
+    assert "at epoch 0, iteration 4" in output and "batch 2 x accumulate 2" in output

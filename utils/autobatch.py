@@ -6,12 +6,17 @@ import logging
 import numpy as np
 import torch
 
-SHARE = 0.6  # of the free GPU memory: room for larger images (multi-scale), more boxes, fragmentation
+SHARE = 0.6  # of the free GPU memory: room for more boxes per image, fragmentation, the validation pass
+# At most this many images per GPU: lr0 and the warmup are tuned for steps of ~64 images (nominal_batch), and the
+# weight decay grows with the batch; thousands of small images would fit an 80 GB GPU and train in a few huge steps.
+MAX_BATCH = 256
 log = logging.getLogger("yolo")
 
 
 def batch_from_memory(model, imgsz, device, amp_dtype, world_size, default):
-    """--batch -1: the batch one GPU fits, measured; on a CPU there is nothing to measure: `default`."""
+    """--batch -1: the batch one GPU fits, measured at `imgsz` (under --multi-scale: the largest size the run
+    draws, else a quarter of its iterations need more than was measured), at most MAX_BATCH; on a CPU there is
+    nothing to measure: `default`."""
     if world_size > 1:
         raise SystemExit(
             "--batch -1 measures one GPU; under torchrun give the total --batch "
@@ -21,7 +26,10 @@ def batch_from_memory(model, imgsz, device, amp_dtype, world_size, default):
         log.warning(f"--batch -1 measures free GPU memory and needs a CUDA device; using --batch {default}")
         return default
     batch = auto_batch_size(model, imgsz, device, amp_dtype)
-    log.info(f"--batch -1: batch {batch} uses about {SHARE:.0%} of {device}'s free memory")
+    if batch > MAX_BATCH:
+        log.info(f"--batch -1: {batch} images would fit {device} at {imgsz} px; capped at {MAX_BATCH}")
+        return MAX_BATCH
+    log.info(f"--batch -1: batch {batch} uses about {SHARE:.0%} of {device}'s free memory at {imgsz} px")
     return batch
 
 

@@ -715,6 +715,11 @@ def multi_scale_size(imgsz, seed, iteration, stride=32):
     return max(rng.randrange(imgsz // 2, imgsz * 3 // 2 + stride) // stride * stride, stride)
 
 
+def multi_scale_max(imgsz, stride=32):
+    """The largest size multi_scale_size draws for imgsz (what --batch -1 must measure at)."""
+    return (imgsz * 3 // 2 + stride - 1) // stride * stride
+
+
 class EpochBatchSampler:
     """Yields batches of (epoch, index) forever, epoch after epoch, from (start_epoch, skip_batches).
 

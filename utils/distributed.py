@@ -7,6 +7,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 TIMEOUT = datetime.timedelta(hours=3)  # rank 0 validates while the others wait: far more than the default 10 min
 
@@ -41,8 +42,9 @@ def setup_distributed(device_arg):
                 "name one GPU per process"
             )
         # pitfall T2: the device comes from LOCAL_RANK explicitly; left to guess from the global rank,
-        # a second node picks GPUs it does not have and the run hangs.
-        device = torch.device("cuda", gpus[local_rank] if gpus else local_rank)
+        # a second node picks GPUs it does not have and the run hangs. A scheduler that gives each task one
+        # GPU of its own (SLURM --gpus-per-task=1) shows every task only cuda:0: local rank 1 is no ordinal there.
+        device = torch.device("cuda", gpu_of_local_rank(gpus, local_rank, torch.cuda.device_count()))
         torch.cuda.set_device(device)
         backend = "nccl"
     else:
@@ -50,6 +52,21 @@ def setup_distributed(device_arg):
     dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if backend == "nccl" else None)
     flags_group = dist.new_group(backend="gloo", timeout=TIMEOUT) if backend == "nccl" else dist.group.WORLD
     return device, rank, local_rank, world_size, flags_group
+
+
+def gpu_of_local_rank(gpus, local_rank, visible):
+    """The CUDA ordinal a process uses: its entry of --device, else its local rank, else (one GPU visible
+    to each task) 0."""
+    if gpus:
+        return gpus[local_rank]
+    if visible == 1:
+        return 0
+    if local_rank >= visible:
+        raise SystemExit(
+            f"local rank {local_rank} has no GPU: this process sees {visible} GPU(s); "
+            "start at most one process per visible GPU"
+        )
+    return local_rank
 
 
 def parse_gpus(device_arg):
@@ -89,6 +106,16 @@ def amp_dtype_for(device, choice="auto"):
         return {"bf16": torch.bfloat16, "fp16": torch.float16}[choice]
     native_bf16 = device.type == "cpu" or (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0))
     return torch.bfloat16 if native_bf16 else torch.float16
+
+
+def wrap_ddp(model, device):
+    """DistributedDataParallel on the process's own device. device_ids is the CUDA ordinal, not the local rank:
+    under `--device 2,3` local rank 0 trains on cuda:2, and DDP told cuda:0 mixes the two in the first forward.
+    pitfall M2: broadcast_buffers=False keeps each rank's BN statistics (no broadcast from rank 0 every
+    forward); validation and best.pt use the EMA, one consistent model."""
+    return DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
+    )
 
 
 def barrier(world_size, group=None):

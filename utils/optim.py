@@ -22,17 +22,29 @@ def build_optimizer(model, name, lr, momentum, weight_decay):
                 no_decay.append(p)
             else:
                 decay.append(p)
+    # Groups carry their name: the warmup and a resume find them by it, not by position.
+    groups = [
+        {"name": "bias", "params": biases, "weight_decay": 0.0},
+        {"name": "no_decay", "params": no_decay, "weight_decay": 0.0},
+        {"name": "decay", "params": decay, "weight_decay": weight_decay},
+    ]
     if name == "sgd":
-        opt = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True)
-    elif name == "adamw":
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
+    if name == "adamw":
         # Optimizer state stays fp32 under AMP (torch keeps it in the parameters' dtype, and the
         # parameters stay fp32): eps=1e-8 would underflow in fp16 (pitfall T3).
-        opt = torch.optim.AdamW(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
-    else:
-        raise ValueError(f"optimizer must be sgd or adamw, got {name!r}")
-    opt.add_param_group({"params": no_decay, "weight_decay": 0.0})
-    opt.add_param_group({"params": decay, "weight_decay": weight_decay})
-    return opt
+        return torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999))
+    raise ValueError(f"optimizer must be sgd or adamw, got {name!r}")
+
+
+def load_optimizer_state(optimizer, state):
+    """A resumed optimizer: its moments from `state`, its groups' names and weight decay from this run (the
+    decay is scaled by the batch, which a resume on other GPUs may change; checkpoints before the names had
+    none)."""
+    fresh = [{k: g[k] for k in ("name", "weight_decay")} for g in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, settings in zip(optimizer.param_groups, fresh):
+        group.update(settings)
 
 
 def lr_factor(epoch, epochs, final_fraction, schedule):
@@ -48,10 +60,10 @@ def set_learning_rate(optimizer, iteration, epoch, hyp, epochs, warmup_iteration
     (iteration, epoch), so a resumed run needs no scheduler state. Warmup: biases start high
     (warmup_bias_lr) and come down, the other groups rise from 0, momentum rises to its value."""
     target = hyp["lr0"] * lr_factor(epoch, epochs, hyp["lrf"], hyp["schedule"])
-    for k, group in enumerate(optimizer.param_groups):
+    for group in optimizer.param_groups:
         if iteration < warmup_iterations:
             t = iteration / warmup_iterations
-            start = hyp["warmup_bias_lr"] if k == 0 else 0.0
+            start = hyp["warmup_bias_lr"] if group["name"] == "bias" else 0.0
             group["lr"] = start + (target - start) * t
             m = hyp["warmup_momentum"] + (hyp["momentum"] - hyp["warmup_momentum"]) * t
         else:
