@@ -168,6 +168,7 @@ parser.add_argument("--profile", action="store_true", help="write a torch profil
 parser.add_argument(
     "--checkpoint-activations", action="store_true", help="recompute activations in backward to save memory"
 )
+parser.add_argument("--compile", action="store_true", help="torch.compile the model (see README: when it pays)")
 for key, value in HYP.items():
     names = [f"--{key}"] + ([f"--{key.replace('_', '-')}"] if "_" in key else [])
     parser.add_argument(*names, dest=key, type=type(value), default=value, help="hyperparameter")
@@ -323,6 +324,8 @@ if checkpoint is not None:
     log.info(f"resuming {args.resume} at epoch {start_epoch}, iteration {start_iteration}")
 if world_size > 1:
     model = wrap_ddp(model, device)
+if args.compile:  # after DDP: torch's DDP optimizer then splits the graph at the gradient buckets
+    model = torch.compile(model)
 
 train_set = TrainDataset(
     train_records,

@@ -753,3 +753,26 @@ def test_resume_on_fewer_gpus_keeps_the_images_per_gpu_and_per_step(tiny_data, t
     torch.save(state, last)
     output = run(["--resume", last, "--workers", "0", "--batch", "2"]).stdout
     assert "at epoch 0, iteration 4" in output and "batch 2 x accumulate 2" in output
+
+
+def test_compile_trains_and_saves_plain_weights(tiny_data, tmp_path):
+    """--compile wraps the model in torch.compile: last.pt must hold the plain model's names (a checkpoint with
+    '_orig_mod.' keys loads nowhere else), best.pt the same. Inductor's C++ build takes minutes on 2 cores,
+    so dynamo runs here with its 'eager' backend: the graph capture and the wrapper are what this checks."""
+    wrapper = make_wrapper(
+        tmp_path,
+        setup="""
+        original_compile = torch.compile
+        def eager_compile(model, **kw):
+            compiled.append(type(model).__name__)
+            return original_compile(model, backend="eager")
+        torch.compile = eager_compile
+        compiled = []
+        """,
+    )
+    wrapper.write_text(wrapper.read_text() + "assert compiled == ['YOLO'], compiled\n")
+    out = tmp_path / "run"
+    run(["--data", tiny_data, "--epochs", "1", "--subset", "4", "--compile", "--out", out, *TINY], wrapper=wrapper)
+    state = load(out / "weights/last.pt")
+    assert state["args"]["compile"] and not any(k.startswith("_orig_mod") for k in state["model"])
+    assert state["model"].keys() == load(out / "weights/best.pt")["model"].keys()
