@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ import yaml
 from tqdm import tqdm
 
 from models.yolo import SCALES, YOLO, class_width, count_gflops, count_parameters, load_matching
-from utils.autobatch import batch_from_memory, too_large_batch
+from utils.autobatch import batch_from_memory
 from utils.checkpoint import (
     FORMAT,
     CheckpointError,
@@ -50,16 +49,19 @@ from utils.data import (
     multi_scale_size,
     single_class,
 )
-from utils.distributed import amp_dtype_for, any_rank, barrier, realign_ddp, setup_distributed, wrap_ddp
+from utils.distributed import amp_dtype_for, any_rank, barrier, setup_distributed, wrap_ddp
 from utils.ema import ModelEMA, unwrap
 from utils.evaluate import evaluate, format_table
+from utils.faults import StopRequest, abort_run, install_crash_handler, realign_ddp, too_large_batch
 from utils.general import (
-    abort_run,
+    Benchmark,
+    append_results_row,
     explicit_flags,
-    install_crash_handler,
     next_run_dir,
+    open_tensorboard,
     seed_everything,
     setup_logging,
+    start_profiler,
     start_results_csv,
 )
 from utils.loss import DetectionLoss
@@ -102,6 +104,7 @@ HYP = dict(
     ema_tau=2000,  # EMA decay ramps up over ~tau updates
 )
 MAX_NONFINITE_STEPS = 5  # optimizer steps in a row with NaN/Inf gradients before the run stops and writes crash/
+METRICS = ("precision", "recall", "mAP50", "mAP50-95")  # the per-epoch columns of results.csv
 MAX_OOM_STEPS = 3  # optimizer steps in a row lost to out-of-memory before the run stops (--batch is too large)
 
 # -----------------------------------------------------------------------------------------------
@@ -176,35 +179,35 @@ args = parser.parse_args()
 given_flags = explicit_flags(parser, sys.argv[1:])
 
 # -----------------------------------------------------------------------------------------------
-# Set-up: resume, devices, run folder, logging
+# Settings, resolved once: a resumed run's arguments, the devices, the dataset yaml's defaults, the batch, the
+# optimizer and its lr0. args.yaml records the result; `args` is not written after it.
 fix_cv2_and_file_limits()  # pitfalls D6-D7: file descriptors and cv2's threads (and again in every data-loader worker)
-checkpoint = None
+resume_ckpt = None  # --resume: the last.pt this run continues
 if args.resume:
     try:
-        path, checkpoint = load_resume_checkpoint(args.resume if isinstance(args.resume, str) else None)
+        resume_path, resume_ckpt = load_resume_checkpoint(args.resume if isinstance(args.resume, str) else None)
     except CheckpointError as e:
         sys.exit(f"--resume: {e}")
     # The run continues with the arguments it was started with; only where and how it runs may change
     # (another machine: its devices, its cores, the AMP its GPU supports, the batch its GPUs fit).
     changeable = ["device", "workers"] + [k for k in ("amp", "amp_dtype", "batch") if k in given_flags]
     where = {k: getattr(args, k) for k in changeable}
-    args = argparse.Namespace(**{**vars(parser.parse_args([])), **checkpoint["args"], **where, "resume": path})
-    args.out = str(Path(path).parents[1])
+    args = argparse.Namespace(**{**vars(parser.parse_args([])), **resume_ckpt["args"], **where, "resume": resume_path})
+    args.out = str(Path(resume_path).parents[1])
 
 device, rank, local_rank, world_size, flags_group = setup_distributed(args.device)
 is_main = rank == 0
-if checkpoint is not None:
+if resume_ckpt:
     # Resumed on another number of GPUs: each keeps the images it had (the total would put several GPUs' worth
     # on each, and run out of memory), unless --batch says otherwise. Steps keep their size through the
     # accumulation; the schedule continues, though not bitwise as on the original GPUs.
-    saved_batch = checkpoint["args"]["batch"]
+    saved_batch = resume_ckpt["args"]["batch"]
     if "batch" not in given_flags:
-        args.batch = saved_batch // checkpoint.get("world_size", world_size) * world_size
+        args.batch = saved_batch // resume_ckpt.get("world_size", world_size) * world_size
     if args.accumulate and args.batch != saved_batch:
         args.accumulate = max(1, round(args.accumulate * saved_batch / args.batch))
 if args.workers is None:  # every core feeds the GPUs: the processes of this node share them
     args.workers = min(8, max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
-seed_everything(args.seed + rank, args.deterministic)  # per-rank seeds; the data's randomness is per sample
 if is_main:
     run_dir = Path(args.out) if args.out else next_run_dir("runs/train/exp")
     (run_dir / "weights").mkdir(parents=True, exist_ok=True)
@@ -213,15 +216,12 @@ if world_size > 1:  # every rank writes nothing, but all must agree on the folde
     dist.broadcast_object_list(shared, src=0)
     run_dir = Path(shared[0])
 args.out = str(run_dir)
-last_pt = run_dir / "weights" / "last.pt"
 log = setup_logging(run_dir / "train.log" if is_main else None, rank)
 crash_context = {"args": vars(args), "epoch": None, "iteration": None, "last_checkpoint": None, "batch": None}
 if is_main:
     install_crash_handler(run_dir, crash_context)  # any uncaught exception writes crash/ first
 
-# -----------------------------------------------------------------------------------------------
-# Data (rank 0 verifies the labels and writes the cache; the others then read it)
-try:
+try:  # rank 0 verifies the labels and writes the label cache; the others then read it
     if not is_main:
         barrier(world_size, flags_group)
     data = load_dataset_yaml(args.data)
@@ -229,7 +229,7 @@ try:
     val_records = load_verified(data["val"], data["nc"], "val")
     if is_main:
         barrier(world_size, flags_group)
-    if checkpoint is None:  # a resumed run keeps the settings it started with
+    if not resume_ckpt:  # a resumed run keeps the settings it started with
         apply_dataset_defaults(args, parser, data, given_flags)
 except DatasetError as e:
     sys.exit(f"error: {e}")
@@ -241,30 +241,63 @@ train_records = train_records[: max(1, round(len(train_records) * args.fraction)
 names, nc = data["names"], data["nc"]
 if args.single_cls:  # one class "object": a detector of where things are, whatever they are
     names, nc, train_records, val_records = ["object"], 1, single_class(train_records), single_class(val_records)
-if not args.model.endswith(".pt") and args.model not in SCALES:
-    sys.exit(f"error: --model {args.model}: give one of {', '.join(SCALES)} or a .pt file")
 if args.imgsz % 32:
     sys.exit(f"--imgsz {args.imgsz} must be a multiple of 32 (the largest stride)")
 
-# -----------------------------------------------------------------------------------------------
-# Model, EMA, optimizer, loss
-init_from = args.model if args.model.endswith(".pt") else args.weights
-try:  # ours or an Ultralytics .pt (read without running code from it: utils/ultralytics_checkpoint.py)
-    source = load_checkpoint(init_from) if init_from and checkpoint is None else None  # a resume has its own
+# The architecture: the resumed run's, the .pt given as --model's, or a scale. --weights (or a .pt --model)
+# initialises the tensors that match (ours or an Ultralytics .pt, read without running code from it).
+init_path = args.model if args.model.endswith(".pt") else args.weights
+try:
+    init_ckpt = load_checkpoint(init_path) if init_path and not resume_ckpt else None  # a resume has its own
 except CheckpointError as e:
     sys.exit(f"error: {e}")
-scale = checkpoint["scale"] if checkpoint else source["scale"] if args.model.endswith(".pt") else args.model
+if resume_ckpt:
+    scale = resume_ckpt["scale"]
+elif args.model.endswith(".pt"):
+    scale = init_ckpt["scale"]
+elif args.model in SCALES:
+    scale = args.model
+else:
+    sys.exit(f"error: --model {args.model}: give one of {', '.join(SCALES)} or a .pt file")
+
+use_amp = args.amp if args.amp is not None else device.type == "cuda"
+amp_dtype = amp_dtype_for(device, args.amp_dtype)  # auto: bf16 where the hardware has it, else fp16
+if args.batch == -1:  # measured on the GPU with a model of this run's size (utils/autobatch.py)
+    probe = YOLO(scale, nc, args.checkpoint_activations).to(device, memory_format=torch.channels_last)
+    largest = multi_scale_max(args.imgsz) if args.multi_scale else args.imgsz
+    amp = amp_dtype if use_amp else None
+    args.batch = batch_from_memory(probe, largest, device, amp, world_size, default=parser.get_default("batch"))
+    probe = None
+if args.batch < 1 or args.batch % world_size:
+    sys.exit(
+        f"--batch {args.batch} must be positive and divisible by the number of processes ({world_size}), "
+        "or -1 (from free GPU memory)"
+    )
+batch = args.batch // world_size  # --batch is the total over all GPUs
+accumulate = args.accumulate or max(round(args.nominal_batch / args.batch), 1)
+weight_decay = args.weight_decay * args.batch * accumulate / args.nominal_batch
+# Adam-style for short runs, SGD for long ones, as Ultralytics' "auto"; it counts optimizer steps (batches of
+# max(batch, nominal_batch)), this counts batches: SGD from 4x shorter runs at batch 16 (unmeasured; see RESULTS.md)
+if args.optimizer == "auto":
+    args.optimizer = "adamw" if args.epochs * -(-len(train_records) // args.batch) < 10_000 else "sgd"
+args.lr0 = args.lr0 or {"sgd": 0.01, "adamw": 0.002}[args.optimizer]
+if is_main:  # every setting as this run resolved it: flags, dataset defaults, optimizer choice
+    (run_dir / "args.yaml").write_text(yaml.safe_dump(vars(args), sort_keys=False))
+
+# -----------------------------------------------------------------------------------------------
+# Model, EMA, optimizer, loss
+seed_everything(args.seed + rank, args.deterministic)  # per-rank seeds; the data's randomness is per sample
 # The class branch keeps the width of the weights it starts from (or resumes): with another class count,
 # all but its last convs then transfer.
-start = source or checkpoint
-cls_width = class_width(checkpoint_weights(start)) if start else 0
+start_ckpt = resume_ckpt or init_ckpt
+cls_width = class_width(checkpoint_weights(start_ckpt)) if start_ckpt else 0
 model = YOLO(scale, nc, checkpoint_activations=args.checkpoint_activations, cls_width=cls_width)
-if source:
-    fresh, total = load_matching(model, checkpoint_weights(source)), len(model.state_dict())
+if init_ckpt:
+    fresh, total = load_matching(model, checkpoint_weights(init_ckpt)), len(model.state_dict())
+    starting_fresh = f"; starting fresh: {', '.join(fresh[:6])}{' ...' * (len(fresh) > 6)}" if fresh else ""
     log.info(
-        f"initialised {total - len(fresh)}/{total} tensors from {init_from} "
-        f"({source.get('source', 'this repo')}, model {source['scale']}, {source['nc']} classes)"
-        + (f"; starting fresh: {', '.join(fresh[:6])}{' ...' * (len(fresh) > 6)}" if fresh else "")
+        f"initialised {total - len(fresh)}/{total} tensors from {init_path} ({init_ckpt.get('source', 'this repo')}, "
+        f"model {init_ckpt['scale']}, {init_ckpt['nc']} classes){starting_fresh}"
     )
 for name, p in model.named_parameters():
     p.requires_grad_(not any(name.startswith(prefix) for prefix in args.freeze.split(",") if prefix))
@@ -274,98 +307,42 @@ model.to(device, memory_format=torch.channels_last)
 if args.sync_bn and world_size > 1 and device.type == "cpu":
     log.warning("--sync-bn: torch's SyncBatchNorm has no CPU kernel; each process keeps its own BN statistics")
 elif args.sync_bn and world_size > 1:
-    # pitfall M3: torch's own, current SyncBN (older ones had bugs)
-    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # pitfall M3: torch's own, current SyncBN
 ema = ModelEMA(model, args.ema_decay, args.ema_tau) if is_main else None  # rank 0 alone validates and saves it
-
-use_amp = args.amp if args.amp is not None else device.type == "cuda"
-amp_dtype = amp_dtype_for(device, args.amp_dtype)  # auto: bf16 where the hardware has it, else fp16
-if args.batch == -1:  # measured on the GPU (utils/autobatch.py)
-    amp = amp_dtype if use_amp else None
-    largest = multi_scale_max(args.imgsz) if args.multi_scale else args.imgsz
-    args.batch = batch_from_memory(model, largest, device, amp, world_size, default=parser.get_default("batch"))
-if args.batch < 1 or args.batch % world_size:
-    sys.exit(
-        f"--batch {args.batch} must be positive and divisible by the number of processes ({world_size}), "
-        "or -1 (from free GPU memory)"
-    )
-batch = args.batch // world_size  # --batch is the total over all GPUs
-accumulate = args.accumulate or max(round(args.nominal_batch / args.batch), 1)
-
-# Adam-style for short runs, SGD for long ones, as Ultralytics' "auto"; it counts optimizer steps (batches of
-# max(batch, nominal_batch)), this counts batches: SGD from 4x shorter runs at batch 16 (unmeasured; see RESULTS.md)
-if args.optimizer == "auto":
-    args.optimizer = "adamw" if args.epochs * -(-len(train_records) // args.batch) < 10_000 else "sgd"
-args.lr0 = args.lr0 or {"sgd": 0.01, "adamw": 0.002}[args.optimizer]
-weight_decay = args.weight_decay * args.batch * accumulate / args.nominal_batch
 optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weight_decay)
-hyp = {k: getattr(args, k) for k in HYP}
-if is_main:  # every setting as this run resolved it: flags, dataset defaults, optimizer choice
-    (run_dir / "args.yaml").write_text(yaml.safe_dump(vars(args), sort_keys=False))
-
 # The loss scale goes into the checkpoint (pitfall T1: else a resumed run searches the scale again);
 # bf16 has fp32's range and needs no scaling.
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
 loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl, tiny_box=args.tiny_box)
 
-start_epoch, start_iteration, best_fitness, best_epoch = 0, 0, -1.0, 0
-if checkpoint is not None:
-    model.load_state_dict(checkpoint["model"])
+# -----------------------------------------------------------------------------------------------
+# Loop state: everything the loop carries from one step to the next. last.pt saves exactly this
+# (training_state, below); a resumed run takes it back here.
+start_epoch, start_iteration = 0, 0  # where the loop starts: a resumed run skips what it trained
+best_fitness, best_epoch = -1.0, 0  # best.pt and --patience
+in_a_row = {"oom": 0, "nonfinite": 0}  # optimizer steps skipped in a row, by cause: too many stop the run
+if resume_ckpt:
+    model.load_state_dict(resume_ckpt["model"])
     if ema:
-        ema.ema.load_state_dict(checkpoint["ema"])
-        ema.updates = checkpoint["ema_updates"]
-    load_optimizer_state(optimizer, checkpoint["optimizer"])
-    if checkpoint["scaler"]:  # empty when saved without fp16: a run resumed in fp16 then starts a new loss scale
-        scaler.load_state_dict(checkpoint["scaler"])
+        ema.ema.load_state_dict(resume_ckpt["ema"])
+        ema.updates = resume_ckpt["ema_updates"]
+    load_optimizer_state(optimizer, resume_ckpt["optimizer"])
+    if resume_ckpt["scaler"]:  # empty when saved without fp16: a run resumed in fp16 then starts a new loss scale
+        scaler.load_state_dict(resume_ckpt["scaler"])
     # the iteration counts batches of the saved size: the same images seen, in batches of this run's
-    start_epoch, start_iteration = checkpoint["epoch"], checkpoint["iteration"] * saved_batch // args.batch
-    best_fitness, best_epoch = checkpoint["best_fitness"], checkpoint.get("best_epoch", start_epoch)  # --patience
-    set_rng_states(checkpoint["rng"])
+    start_epoch, start_iteration = resume_ckpt["epoch"], resume_ckpt["iteration"] * saved_batch // args.batch
+    best_fitness, best_epoch = resume_ckpt["best_fitness"], resume_ckpt.get("best_epoch", start_epoch)
+    set_rng_states(resume_ckpt["rng"])
     log.info(f"resuming {args.resume} at epoch {start_epoch}, iteration {start_iteration}")
-if world_size > 1:
-    model = wrap_ddp(model, device)
-if args.compile:  # after DDP: torch's DDP optimizer then splits the graph at the gradient buckets
-    model = torch.compile(model)
-
-train_set = TrainDataset(
-    train_records,
-    args.imgsz,
-    hyp,
-    args.seed,
-    mosaic_epochs=args.epochs - args.close_mosaic,
-    cache_ram=args.cache == "ram",
-)
-sampler = EpochBatchSampler(len(train_set), batch, args.seed, rank, world_size, start_epoch, start_iteration)
-# pinned: async copies
-train_loader = make_loader(train_set, sampler, workers=args.workers, pin_memory=device.type == "cuda")
-batches = iter(train_loader)  # one iterator for the whole run: workers live as long as the run
-if is_main:
-    val_set = ValDataset(val_records, args.imgsz, batch * 2, cache_ram=args.cache == "ram")
-    val_loader = make_loader(val_set, batch_size=batch * 2, workers=args.workers, pin_memory=device.type == "cuda")
-nb = len(sampler)
-# Look before training: shifted, swapped or mislabelled boxes show in labels.jpg (drawn in a thread).
-if is_main and checkpoint is None:
-    in_background(plot_labels, train_records, names, run_dir / "labels.jpg")
-warmup_iterations = max(round(args.warmup_epochs * nb), 100) if args.warmup_epochs > 0 else 0
-log.info(
-    f"model {scale}: {count_parameters(unwrap(model)) / 1e6:.2f} M parameters, "
-    f"{count_gflops(unwrap(model), 640):.1f} GFLOPs at 640 | "
-    f"{len(train_records)} train / {len(val_records)} val images, {nc} classes | "
-    f"{args.epochs} epochs at {args.imgsz} px, "
-    f"batch {args.batch} x accumulate {accumulate}{' (from 1 over the warmup)' * bool(args.accumulate_warmup)} | "
-    f"{args.optimizer} lr0 {args.lr0} | {device}"
-    + (f" x {world_size} processes" if world_size > 1 else "")
-    + (f" | amp {str(amp_dtype).split('.')[-1]}" if use_amp else "")
-    + f" | {args.workers} loader workers"
-)
-
 
 # What rebuilds the model without the training command; last.pt and best.pt both start with it
 checkpoint_header = {"format": FORMAT, "scale": scale, "nc": nc, "names": names, "imgsz": args.imgsz}
+last_pt, best_pt = run_dir / "weights" / "last.pt", run_dir / "weights" / "best.pt"
 
 
 def training_state(epoch, iteration):
-    """last.pt: everything an exact resume needs. Plain tensors and numbers only (weights_only)."""
+    """last.pt: the loop state above, and everything else an exact resume needs (weights, optimizer, loss scale,
+    random generators). Plain tensors and numbers only (weights_only)."""
     return {
         **checkpoint_header,
         "model": unwrap(model).state_dict(), "ema": ema.ema.state_dict(), "ema_updates": ema.updates,
@@ -381,45 +358,126 @@ def save_last(epoch, iteration):
     crash_context["last_checkpoint"] = str(last_pt)
 
 
-stop_requested = False
+if world_size > 1:
+    model = wrap_ddp(model, device)
+if args.compile:  # after DDP: torch's DDP optimizer then splits the graph at the gradient buckets
+    model = torch.compile(model)
 
-
-def request_stop(signum, frame):
-    """SIGTERM (cluster pre-emption) or Ctrl+C: finish the step, save last.pt, exit 0.
-    A second Ctrl+C stops at once."""
-    global stop_requested
-    if stop_requested and signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    stop_requested = True
-    log.warning(f"{signal.Signals(signum).name}: stopping after this step (last.pt will be saved)")
-
-
-signal.signal(signal.SIGTERM, request_stop)
-signal.signal(signal.SIGINT, request_stop)
+# -----------------------------------------------------------------------------------------------
+# Data loaders
+train_set = TrainDataset(
+    train_records,
+    args.imgsz,
+    vars(args),
+    args.seed,
+    mosaic_epochs=args.epochs - args.close_mosaic,
+    cache_ram=args.cache == "ram",
+)
+sampler = EpochBatchSampler(len(train_set), batch, args.seed, rank, world_size, start_epoch, start_iteration)
+# pinned: async copies
+train_loader = make_loader(train_set, sampler, workers=args.workers, pin_memory=device.type == "cuda")
+batches = iter(train_loader)  # one iterator for the whole run: workers live as long as the run
+if is_main:
+    val_set = ValDataset(val_records, args.imgsz, batch * 2, cache_ram=args.cache == "ram")
+    val_loader = make_loader(val_set, batch_size=batch * 2, workers=args.workers, pin_memory=device.type == "cuda")
+nb = len(sampler)
+warmup_iterations = max(round(args.warmup_epochs * nb), 100) if args.warmup_epochs > 0 else 0
+# Look before training: shifted, swapped or mislabelled boxes show in labels.jpg (drawn in a thread).
+if is_main and not resume_ckpt:
+    in_background(plot_labels, train_records, names, run_dir / "labels.jpg")
+log.info(
+    " | ".join(
+        [
+            f"model {scale}: {count_parameters(unwrap(model)) / 1e6:.2f} M parameters, "
+            f"{count_gflops(unwrap(model), 640):.1f} GFLOPs at 640",
+            f"{len(train_records)} train / {len(val_records)} val images, {nc} classes",
+            f"{args.epochs} epochs at {args.imgsz} px, batch {args.batch} x accumulate {accumulate}"
+            + " (from 1 over the warmup)" * bool(args.accumulate_warmup),
+            f"{args.optimizer} lr0 {args.lr0}",
+            f"{device}" + f" x {world_size} processes" * (world_size > 1),
+            *([f"amp {str(amp_dtype).split('.')[-1]}"] if use_amp else []),
+            f"{args.workers} loader workers",
+        ]
+    )
+)
+stop_request = StopRequest()  # SIGTERM / Ctrl+C: save last.pt after this step, exit 0
 results_csv = run_dir / "results.csv"
 columns = "epoch box_loss cls_loss dfl_loss precision recall mAP50 mAP50-95 lr seconds".split()
 columns += ["assign_on_cpu", "oom_skipped_steps", "nonfinite_skipped_steps"]  # faults, counted per epoch
 if is_main:  # a resumed run keeps its rows up to its last save (a killed run may have written more)
-    start_results_csv(results_csv, columns, start_epoch if checkpoint else None)
-try:
-    from torch.utils.tensorboard import SummaryWriter  # optional: scalars when tensorboard is installed
+    start_results_csv(results_csv, columns, start_epoch if resume_ckpt else None)
+tensorboard = open_tensorboard(run_dir) if is_main else None
+profiler = start_profiler(run_dir / "profile_trace.json") if args.profile and is_main else None
+benchmark = Benchmark(args.benchmark, args.batch, args.imgsz, device) if args.benchmark else None
 
-    tensorboard = SummaryWriter(str(run_dir)) if is_main else None
-except ImportError:
-    tensorboard = None
-profiler = None
-if args.profile and is_main:
-    profiler = torch.profiler.profile(
-        # once: repeat=0 would rewrite the trace every 5 steps
-        schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),
-        on_trace_ready=lambda p: p.export_chrome_trace(str(run_dir / "profile_trace.json")),
-        record_shapes=True,
-    )
-    profiler.start()
+
+# -----------------------------------------------------------------------------------------------
+# One micro-step's pieces, and what a skipped optimizer step does
+def to_device(images, targets, iteration):
+    """pitfall D3: uint8 RGB -> 0..1, last, on the device. --multi-scale: the size is a multiple of 32 and a pure
+    function of (seed, iteration), so all ranks agree (pitfall M4)."""
+    images = images.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=torch.channels_last)
+    targets = targets.to(device)
+    if args.multi_scale:
+        size = multi_scale_size(args.imgsz, args.seed, iteration)
+        if size != images.shape[-1]:
+            targets[:, 2:] *= size / images.shape[-1]
+            images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
+    return images, targets
+
+
+def forward_loss(images, targets, last_micro_step):
+    """Forward under autocast; the loss in fp32 (utils/loss.py, which also redoes the label assignment on the CPU
+    when that alone runs out of memory). Returns (loss, parts), or None when the forward ran out of memory (the
+    activations: --batch too large). pitfall M5: under DDP only a window's last micro-step all-reduces gradients."""
+    sync = contextlib.nullcontext() if world_size == 1 or last_micro_step else model.no_sync()
+    try:
+        with sync, torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
+            maps = model(images)
+        return loss_fn(maps, targets)
+    except torch.OutOfMemoryError:
+        return None  # returned from here, the failed step's graph is released with this frame
+
+
+def backward(loss, last_micro_step):
+    """False when the backward ran out of memory. Under DDP the other ranks are inside the all-reduce of a
+    window's last backward by then: there is no way back."""
+    try:
+        scaler.scale(loss * world_size).backward()  # DDP averages over ranks; undo that
+        return True
+    except torch.OutOfMemoryError:
+        if world_size > 1 and last_micro_step:
+            raise
+        return False
+
+
+def skip_step(cause, epoch, i, size):
+    """An optimizer step not taken, on every rank alike: `oom` (the window was dropped) or `nonfinite` (NaN/Inf
+    gradients). Counted in results.csv; too many in a row stop the run with crash/ and what to try."""
+    faults[f"{cause}_skipped_steps"] += 1
+    in_a_row[cause] += 1
+    where = f"at epoch {epoch + 1} iteration {i}"
+    if cause == "oom":
+        if world_size > 1:
+            realign_ddp(model, device)
+        optimizer.zero_grad(set_to_none=True)  # half-accumulated gradients are not a step
+        log.warning(f"out of memory {where}: step skipped ({in_a_row['oom']} in a row)")
+        if in_a_row["oom"] >= MAX_OOM_STEPS:
+            why = too_large_batch(in_a_row["oom"], args.batch, world_size, size, args.checkpoint_activations)
+            abort_run(run_dir, why, crash_context, is_main)
+        return
+    in_a_row["oom"] = 0
+    note = f"; fp16 loss scale now {scaler.get_scale():g}" if scaler.is_enabled() else ""
+    log.warning(f"NaN/Inf gradients {where}: optimizer step skipped ({in_a_row['nonfinite']} in a row{note})")
+    # fp16: the loss scale starts at 2^16 and halves on each overflow; up to 16 such steps are its search, not a fault
+    if in_a_row["nonfinite"] >= MAX_NONFINITE_STEPS + (16 if scaler.is_enabled() else 0):
+        why = f"stopping: {in_a_row['nonfinite']} optimizer steps in a row with NaN/Inf gradients"
+        abort_run(run_dir, why, crash_context, is_main)
+
 
 # -----------------------------------------------------------------------------------------------
 # The loop
-nonfinite_in_a_row, oom_in_a_row, pending_save, benchmark_start = 0, 0, False, None
+pending_save = False
 for epoch in range(start_epoch, args.epochs):
     model.train()
     epoch_start = time.time()
@@ -431,132 +489,79 @@ for epoch in range(start_epoch, args.epochs):
     assignments_on_cpu_before = loss_fn.assignments_on_cpu
     lr = optimizer.param_groups[-1]["lr"]  # (a run resumed at the very end of an epoch trains no step in it)
     windows = accumulation_windows(epoch, nb, accumulate, warmup_iterations, args.accumulate_warmup)
-    if epoch == args.epochs - args.close_mosaic and is_main and hyp["mosaic"] > 0:
+    if epoch == args.epochs - args.close_mosaic and is_main and args.mosaic > 0:
         log.info(f"epoch {epoch + 1}: mosaic off for the last {args.close_mosaic} epochs")
     progress = tqdm(
-        range(first, nb),
-        desc=f"{epoch + 1}/{args.epochs}",
-        disable=not is_main,
-        dynamic_ncols=True,
-        initial=first,
-        total=nb,
+        range(first, nb), f"{epoch + 1}/{args.epochs}", nb, disable=not is_main, initial=first, dynamic_ncols=True
     )
     for i in progress:
-        images, targets = next(batches)
         iteration = epoch * nb + i
+        if profiler:
+            profiler.step()
+        if benchmark and benchmark.finished(iteration):
+            progress.close()
+            print(benchmark.report())
+            sys.exit(0)
+        images, targets = next(batches)
         crash_context.update(epoch=epoch, iteration=i, batch={"images": images, "targets": targets})
-        lr = set_learning_rate(optimizer, iteration, epoch, hyp, args.epochs, warmup_iterations)
-        # The augmented batches as the model sees them, boxes and names drawn (in a thread).
-        if is_main and iteration < 3 and not args.benchmark:
+
+        # Warmup (and the whole schedule): a pure function of the iteration
+        lr = set_learning_rate(optimizer, iteration, epoch, vars(args), args.epochs, warmup_iterations)
+        if is_main and iteration < 3 and not args.benchmark:  # the augmented batches as the model sees them
             in_background(plot_batch, images.clone(), targets.clone(), names, run_dir / f"train_batch{iteration}.jpg")
-        # pitfall D3: uint8 RGB -> 0..1, last, on the device
-        images = images.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=torch.channels_last)
-        targets = targets.to(device)
-        if args.multi_scale:  # a multiple of 32, and a pure function of (seed, iteration): all ranks agree (pitfall M4)
-            size = multi_scale_size(args.imgsz, args.seed, iteration)
-            if size != images.shape[-1]:
-                targets[:, 2:] *= size / images.shape[-1]
-                images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
+        images, targets = to_device(images, targets, iteration)
         last_micro_step = i in windows
 
-        # Forward under autocast; the loss in fp32 (utils/loss.py, which also redoes the label assignment
-        # on the CPU when that alone runs out of memory). Out of memory in the forward or the backward
-        # (the activations: --batch too large) drops the rest of this accumulation window.
-        # pitfall M5: under DDP only the last micro-step of an accumulation all-reduces gradients.
-        sync = contextlib.nullcontext() if world_size == 1 or last_micro_step else model.no_sync()
-        if not window_dropped:
-            try:
-                with sync, torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
-                    maps = model(images)
-                loss, parts = loss_fn(maps, targets)
-            except torch.OutOfMemoryError:
-                window_dropped = True
-        if last_micro_step:  # the backward below all-reduces: every rank runs it, or none does
-            window_dropped, stop = any_rank([window_dropped, stop_requested], world_size, flags_group)
-        if not window_dropped:
-            try:
-                scaler.scale(loss * world_size).backward()  # DDP averages over ranks; undo that
-                window_sums += parts
-                window_batches += 1
-            except torch.OutOfMemoryError:
-                # Under DDP the other ranks are inside this backward's all-reduce: there is no way back.
-                if world_size > 1 and last_micro_step:
-                    raise
-                window_dropped = True
-        maps = loss = None  # out of the except blocks: a failed step's graph is really released here
+        # Forward, then Backward. An out-of-memory in either drops the rest of this accumulation window.
+        result = forward_loss(images, targets, last_micro_step) if not window_dropped else None
+        window_dropped = result is None
+        if last_micro_step:  # the backward all-reduces: every rank runs it, or none does
+            window_dropped, stop = any_rank([window_dropped, stop_request.requested], world_size, flags_group)
+        if not window_dropped and backward(result[0], last_micro_step):
+            window_sums += result[1]
+            window_batches += 1
+        else:
+            window_dropped = True
+        result = None
         if window_dropped and device.type == "cuda":
             torch.cuda.empty_cache()
+        if not last_micro_step:
+            continue
 
-        if last_micro_step:
-            # One decision per optimizer step, the same on every rank: the window was dropped (agreed
-            # above), or its gradient norm, all-reduced by DDP by now, is NaN/Inf, or the step is taken.
-            if window_dropped:
-                if world_size > 1:
-                    realign_ddp(model, device)
-                optimizer.zero_grad(set_to_none=True)  # half-accumulated gradients are not a step
-                faults["oom_skipped_steps"] += 1
-                oom_in_a_row += 1
-                log.warning(f"out of memory at epoch {epoch + 1} iteration {i}: step skipped ({oom_in_a_row} in a row)")
-                if oom_in_a_row >= MAX_OOM_STEPS:
-                    why = too_large_batch(
-                        oom_in_a_row, args.batch, world_size, images.shape[-1], args.checkpoint_activations
-                    )
-                    abort_run(run_dir, why, crash_context, is_main)
-            elif optimizer_step(model, optimizer, scaler, args.clip_grad):
-                if ema:
-                    ema.update(model)
-                sums += window_sums
-                batches_done += window_batches
-                nonfinite_in_a_row = oom_in_a_row = 0
-            else:
-                faults["nonfinite_skipped_steps"] += 1
-                nonfinite_in_a_row, oom_in_a_row = nonfinite_in_a_row + 1, 0
-                note = f"; fp16 loss scale now {scaler.get_scale():g}" if scaler.is_enabled() else ""
-                log.warning(
-                    f"NaN/Inf gradients at epoch {epoch + 1} iteration {i}: optimizer step skipped "
-                    f"({nonfinite_in_a_row} in a row{note})"
-                )
-                # fp16: the loss scale starts at 2^16 and halves on each overflow; up to 16 such steps are
-                # its search, not a fault.
-                if nonfinite_in_a_row >= MAX_NONFINITE_STEPS + (16 if scaler.is_enabled() else 0):
-                    why = f"stopping: {nonfinite_in_a_row} optimizer steps in a row with NaN/Inf gradients"
-                    abort_run(run_dir, why, crash_context, is_main)
-            window_sums.zero_()
-            window_batches, window_dropped = 0, False
-            # Saving and stopping happen only here, between optimizer steps, so that no accumulated
-            # gradient is lost: the saved state is exactly what an uninterrupted run has.
-            pending_save |= bool(args.save_every) and (i + 1) % args.save_every < windows[i]
-            if stop:
-                if is_main:
-                    save_last(epoch, i + 1)
-                    log.info(f"saved {last_pt} at epoch {epoch + 1} iteration {i + 1}; resume with --resume")
-                sys.exit(0)
-            if pending_save and is_main:
-                save_last(epoch, i + 1)
-            pending_save = False
-            if is_main:
-                means = (sums / max(batches_done, 1)).tolist()
-                memory = torch.cuda.memory_reserved(device) / 2**30 if device.type == "cuda" else 0
-                rate = (i + 1 - first) * args.batch / (time.time() - epoch_start)
-                progress.set_postfix_str(
-                    f"box {means[0]:.3f} cls {means[1]:.3f} dfl {means[2]:.3f} lr {lr:.2e} "
-                    f"mem {memory:.1f}G {rate:.1f} img/s"
-                )
+        # Step: taken, or skipped for a dropped window or NaN/Inf gradients (the norm is all-reduced by now:
+        # the same decision on every rank)
+        if window_dropped:
+            skip_step("oom", epoch, i, images.shape[-1])
+        elif optimizer_step(model, optimizer, scaler, args.clip_grad):
+            if ema:
+                ema.update(model)
+            sums += window_sums
+            batches_done += window_batches
+            in_a_row.update(oom=0, nonfinite=0)
+        else:
+            skip_step("nonfinite", epoch, i, images.shape[-1])
+        window_sums.zero_()
+        window_batches, window_dropped = 0, False
 
-        if profiler:  # per micro-step, so that a trace is written even when an epoch has few optimizer steps
-            profiler.step()
-        if args.benchmark:  # images/s over N iterations after 2 warm-up iterations
-            if iteration == 2:
-                benchmark_start = time.time()
-            if iteration == args.benchmark + 2:
-                seconds = time.time() - benchmark_start
-                progress.close()
-                print(
-                    f"benchmark: {args.benchmark * args.batch / seconds:.2f} images/s "
-                    f"({seconds / args.benchmark * 1000:.0f} ms/iteration, batch {args.batch}, "
-                    f"{args.imgsz} px, {device})"
-                )
-                sys.exit(0)
+        # Save, stop: only here, between optimizer steps, so that no accumulated gradient is lost: the saved
+        # state is exactly what an uninterrupted run has.
+        pending_save |= bool(args.save_every) and (i + 1) % args.save_every < windows[i]
+        if stop and is_main:
+            save_last(epoch, i + 1)
+            log.info(f"saved {last_pt} at epoch {epoch + 1} iteration {i + 1}; resume with --resume")
+        if stop:
+            sys.exit(0)
+        if pending_save and is_main:
+            save_last(epoch, i + 1)
+        pending_save = False
+
+        # Log
+        if is_main:
+            means = (sums / max(batches_done, 1)).tolist()
+            memory = torch.cuda.memory_reserved(device) / 2**30 if device.type == "cuda" else 0
+            rate = (i + 1 - first) * args.batch / (time.time() - epoch_start)
+            shown = [f"{name} {value:.3f}" for name, value in zip(("box", "cls", "dfl"), means)]
+            progress.set_postfix_str(" ".join([*shown, f"lr {lr:.2e}", f"mem {memory:.1f}G", f"{rate:.1f} img/s"]))
     if profiler:
         profiler.stop()
         profiler = None
@@ -564,50 +569,45 @@ for epoch in range(start_epoch, args.epochs):
     # End of epoch: rank 0 validates the EMA model and saves; the others wait.
     final_epoch = epoch == args.epochs - 1
     if is_main:
-        metrics = {"precision": float("nan"), "recall": float("nan"), "mAP50": float("nan"), "mAP50-95": float("nan")}
+        metrics = dict.fromkeys(METRICS, float("nan"))
         if (epoch + 1) % args.val_every == 0 or final_epoch:
             # The per-epoch number only picks best.pt and fills results.csv: fp16 on CUDA and the vectorised
             # mAP (utils/evaluate.py fast_map); the final one below is fp32 and pycocotools'
             half = device.type == "cuda"
             metrics = evaluate(ema.ema, val_loader, names, device, half=half, fast=True)["metrics"]
-            fitness = metrics["mAP50-95"]
-            if fitness > best_fitness:
-                best_fitness, best_epoch = fitness, epoch + 1
+            if metrics["mAP50-95"] > best_fitness:
+                best_fitness, best_epoch = metrics["mAP50-95"], epoch + 1
                 best = {
                     **checkpoint_header,
                     "model": ema.ema.state_dict(), "epoch": epoch + 1, "metrics": metrics, "args": vars(args),
                 }  # fmt: skip
-                save_checkpoint(best, run_dir / "weights" / "best.pt")  # deployable: EMA weights, no optimizer
+                save_checkpoint(best, best_pt)  # deployable: EMA weights, no optimizer
         losses = (sums / max(batches_done, 1)).tolist()
         faults["assign_on_cpu"] = loss_fn.assignments_on_cpu - assignments_on_cpu_before
-        scores = [metrics[k] for k in ("precision", "recall", "mAP50", "mAP50-95")]
-        row = [epoch + 1, *losses, *scores, lr, time.time() - epoch_start, *faults.values()]
-        with results_csv.open("a") as f:
-            f.write(",".join(f"{v:.5g}" if isinstance(v, float) else str(v) for v in row) + "\n")
+        row = [epoch + 1, *losses, *(metrics[k] for k in METRICS), lr, time.time() - epoch_start, *faults.values()]
+        append_results_row(results_csv, row)
         plot_results(results_csv, run_dir / "results.png")
         if tensorboard:
             for column, value in zip(columns[1:], row[1:]):
                 tensorboard.add_scalar(column, value, epoch + 1)
-        log.info(
-            f"epoch {epoch + 1}/{args.epochs}: box {losses[0]:.3f} cls {losses[1]:.3f} dfl {losses[2]:.3f} | "
+        summary = [
+            f"epoch {epoch + 1}/{args.epochs}: box {losses[0]:.3f} cls {losses[1]:.3f} dfl {losses[2]:.3f}",
             f"P {metrics['precision']:.3f} R {metrics['recall']:.3f} "
-            f"mAP50 {metrics['mAP50']:.3f} mAP50-95 {metrics['mAP50-95']:.3f} | {time.time() - epoch_start:.0f} s"
-            + "".join(f" | {k.replace('_', ' ')} {v}" for k, v in faults.items() if v)
-        )
+            f"mAP50 {metrics['mAP50']:.3f} mAP50-95 {metrics['mAP50-95']:.3f}",
+            f"{time.time() - epoch_start:.0f} s",
+        ]
+        log.info(" | ".join(summary + [f"{k.replace('_', ' ')} {v}" for k, v in faults.items() if v]))
         save_last(epoch + 1, 0)
     # --patience: rank 0 saw the fitness; the vote is also the barrier where the other ranks wait for it
     patience_over = is_main and args.patience > 0 and epoch + 1 - best_epoch >= args.patience and not final_epoch
     if any_rank([patience_over], world_size, flags_group)[0]:
-        log.info(
-            f"stopping early: no better mAP50-95 in {args.patience} epochs (--patience); "
-            f"the best was epoch {best_epoch}"
-        )
+        log.info(f"stopping early: no better mAP50-95 in {args.patience} epochs (--patience); best: epoch {best_epoch}")
         break
 
 # -----------------------------------------------------------------------------------------------
 # After training: evaluate best.pt once more with plots, and write metrics.json
 if is_main:
-    best = load_checkpoint(run_dir / "weights" / "best.pt")
+    best = load_checkpoint(best_pt)
     ema.ema.load_state_dict(best["model"])
     result = evaluate(ema.ema, val_loader, names, device, data["coco_json"])
     log.info(f"best.pt (epoch {best['epoch']}):\n" + format_table(result, names))

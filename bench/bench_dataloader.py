@@ -7,15 +7,29 @@ GPU/CPU waits on data: add --workers, use --cache ram, or lower the augmentation
 
 The two are timed one after the other, never together, so neither steals the other's cores.
 The augmentation settings are read from train.py's HYP table (the defaults a run uses).
+
+--per-worker: the loader alone, images/s per loader worker (what sizes the CPU of a GPU machine: cores needed =
+--target-rate / images/s per worker), at each worker count given, on a generated shapes set (--shapes-dir,
+--shapes-n images of --shapes-size px; made once, then reused) or --data. --peer-python runs
+bench/ultralytics_dataloader.py with that interpreter (the peer venv; ultralytics is never imported here) on the
+same images, same size, batch, workers, warm-up and batch count, interleaved with ours repeat by repeat:
+
+    python bench/bench_dataloader.py --per-worker 1 2 --sizes 640 --batch 16 --warmup 5 --batches 30 --repeats 3 \
+        --peer-python /work/peer-venv/bin/python
+    python bench/bench_dataloader.py --per-worker 1 --sizes 640 --profile 200     # where our time goes (one process)
 """
 
 import argparse
 import ast
+import cProfile
 import gc
 import itertools
+import json
 import logging
 import os
 import platform
+import pstats
+import subprocess
 import sys
 import tempfile
 import time
@@ -61,10 +75,9 @@ def machine():
     )
 
 
-def time_loader(records, size, hyp, batch, workers, warmup, batches):
+def time_loader(dataset, batch, workers, warmup, batches):
     """Images/s of the training loader, after `warmup` batches (worker start-up not counted).
     Returns (images/s, one batch to time the model with)."""
-    dataset = TrainDataset(records, size, hyp, seed=0)
     loader = make_loader(dataset, EpochBatchSampler(len(dataset), batch, seed=0), workers=workers)
     it = iter(loader)
     sample = None
@@ -78,6 +91,127 @@ def time_loader(records, size, hyp, batch, workers, warmup, batches):
     del it, loader  # stop the workers before the model is timed
     gc.collect()
     return images / seconds, sample
+
+
+def loadavg():
+    """The 1-minute load average: on a shared machine, what else was running during a measurement."""
+    try:
+        return open("/proc/loadavg").read().split()[0]
+    except OSError:
+        return "?"
+
+
+def run_peer(args, images_dir, size, workers):
+    """bench/ultralytics_dataloader.py in the peer venv, one repeat; returns {workers: (images/s, loadavg)}."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "peer.json"
+        cmd = [
+            args.peer_python,
+            str(REPO / "bench" / "ultralytics_dataloader.py"),
+            "--images",
+            str(images_dir),
+            "--nc",
+            str(args.nc),
+            "--imgsz",
+            str(size),
+            "--batch",
+            str(args.batch),
+            "--workers",
+            *map(str, workers),
+            "--warmup",
+            str(args.warmup),
+            "--batches",
+            str(args.batches),
+            "--repeats",
+            "1",
+            "--json",
+            str(out),
+        ] + (["--cache-ram"] if args.cache_ram else [])
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"error: {' '.join(cmd)} failed:\n{done.stdout[-2000:]}{done.stderr[-4000:]}")
+        found = [line.strip() for line in done.stdout.splitlines() if "with labels" in line]
+        if found and not getattr(args, "peer_found", None):
+            args.peer_found = found[0]
+            print(f"  Ultralytics read: {found[0]}", flush=True)
+        result = json.loads(out.read_text())["workers"]
+        return {int(w): (r["runs"][0], r["loadavg"][0]) for w, r in result.items()}
+
+
+def profile_samples(records, size, hyp, n, cache_ram):
+    """cProfile of n training samples made in this process (workers=0): where a worker's time goes."""
+    dataset = TrainDataset(records, size, hyp, seed=0, cache_ram=cache_ram)
+    for i in range(5):  # first-call costs (imports, allocations)
+        dataset[(0, i)]
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    for i in range(n):
+        dataset[(1, i % len(dataset))]
+    profiler.disable()
+    seconds = time.perf_counter() - start
+    print(
+        f"\nprofile: {n} samples at {size} px in one process: {seconds / n * 1000:.1f} ms/sample"
+        f" ({n / seconds:.1f} img/s, cProfile overhead included) | loadavg {loadavg()}"
+    )
+    stats = pstats.Stats(profiler).stats
+    rows = sorted(((tt, calls, func) for func, (_, calls, tt, _, _) in stats.items()), reverse=True)[:15]
+    print(f"{'ms/sample':>9} | {'share':>5} | {'calls/sample':>12} | function (own time, callees excluded)")
+    for tt, calls, (file, line, name) in rows:
+        where = name if file == "~" else f"{Path(file).name}:{line} {name}"
+        print(f"{tt / n * 1000:>9.2f} | {tt / seconds:>5.0%} | {calls / n:>12.1f} | {where}")
+
+
+def per_worker(args, records, images_dir):
+    """--per-worker: images/s of the loader at each worker count (best of --repeats), ours and the peer's."""
+    hyp = train_hyp()
+    print(machine())
+    print(
+        f"{len(records)} train images ({images_dir}) | batch {args.batch}, mosaic {hyp['mosaic']},"
+        f" cache {'ram' if args.cache_ram else 'off'} | {args.warmup} batches warm-up, {args.batches} timed,"
+        f" best of {args.repeats}"
+    )
+    runs = {}  # (repo, size, workers) -> [(images/s, loadavg)]
+    for repeat in range(args.repeats):
+        for size in args.sizes:
+            for workers in args.per_worker:
+                dataset = TrainDataset(records, size, hyp, seed=repeat, cache_ram=args.cache_ram)
+                rate = time_loader(dataset, args.batch, workers, args.warmup, args.batches)[0]
+                load = loadavg()
+                runs.setdefault(("ours", size, workers), []).append((rate, load))
+                print(
+                    f"  run {repeat + 1} ours        {size} px, {workers} workers: {rate:6.1f} img/s"
+                    f" ({rate / workers:5.1f} per worker) | loadavg {load}",
+                    flush=True,
+                )
+            if args.peer_python:
+                for workers, (rate, load) in run_peer(args, images_dir, size, args.per_worker).items():
+                    runs.setdefault(("ultralytics", size, workers), []).append((rate, load))
+                    print(
+                        f"  run {repeat + 1} Ultralytics {size} px, {workers} workers: {rate:6.1f} img/s"
+                        f" ({rate / workers:5.1f} per worker) | loadavg {load}",
+                        flush=True,
+                    )
+    target = f"cores for {args.target_rate:g} img/s"
+    print(
+        f"\n{'repo':<11} | {'imgsz':>5} | {'workers':>7} | {'img/s':>6} | {'img/s/worker':>12} | {target:>20}"
+        f" | loadavg of each run"
+    )
+    best = {}
+    for (repo, size, workers), measured in runs.items():
+        rate = best[repo, size, workers] = max(r for r, _ in measured)
+        print(
+            f"{repo:<11} | {size:>5} | {workers:>7} | {rate:>6.1f} | {rate / workers:>12.1f} |"
+            f" {args.target_rate / (rate / workers):>20.1f} | {' '.join(load for _, load in measured)}"
+        )
+    if args.peer_python:
+        for size in args.sizes:
+            for workers in args.per_worker:
+                ratio = best["ours", size, workers] / best["ultralytics", size, workers]
+                print(f"ours / Ultralytics, {size} px, {workers} workers: {ratio:.2f}x images/s per worker")
+    if args.profile:
+        for size in args.sizes:
+            profile_samples(records, size, hyp, args.profile, args.cache_ram)
 
 
 def time_train_step(images, targets, nc, steps):
@@ -98,7 +232,9 @@ def time_train_step(images, targets, nc, steps):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--data", default=str(REPO / "data" / "shapes.yaml"), help="dataset yaml (its train split is read)"
+        "--data",
+        help="dataset yaml (its train split is read); default data/shapes.yaml, or with --per-worker the"
+        " --shapes-dir set",
     )
     parser.add_argument(
         "--tmp-shapes", type=int, default=0, help="instead of --data, generate this many shapes images in a temp folder"
@@ -112,6 +248,30 @@ def main():
     parser.add_argument(
         "--threads", type=int, default=0, help="torch threads for the training step (0: torch's default)"
     )
+    parser.add_argument(
+        "--per-worker",
+        type=int,
+        nargs="+",
+        metavar="WORKERS",
+        help="time only the loader, at each of these worker counts: images/s and images/s per worker",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="--per-worker: measure N times, keep the best")
+    parser.add_argument(
+        "--target-rate",
+        type=float,
+        default=700,
+        help="--per-worker: images/s a GPU consumes (cores = this / per worker)",
+    )
+    parser.add_argument(
+        "--shapes-dir",
+        default=str(REPO / "runs" / "bench_dataloader" / "shapes640"),
+        help="--per-worker without --data: the shapes set made (once) and read here",
+    )
+    parser.add_argument("--shapes-n", type=int, default=800, help="--shapes-dir: train images")
+    parser.add_argument("--shapes-size", type=int, default=640, help="--shapes-dir: image height in px")
+    parser.add_argument("--cache-ram", action="store_true", help="--per-worker: decoded images in RAM (both repos)")
+    parser.add_argument("--peer-python", help="--per-worker: also time Ultralytics' loader with this interpreter")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="--per-worker: cProfile N of our samples")
     args = parser.parse_args()
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the verification totals
@@ -122,10 +282,18 @@ def main():
         tmp = tempfile.TemporaryDirectory()
         root = make_shapes(Path(tmp.name) / "shapes", n_train=args.tmp_shapes, n_val=0)
         sources, nc = [root / "images" / "train"], 6
+    elif args.per_worker and not args.data:
+        root = make_shapes(args.shapes_dir, n_train=args.shapes_n, n_val=0, size=args.shapes_size)
+        sources, nc = [Path(root).resolve() / "images" / "train"], 6
     else:
-        data = load_dataset_yaml(args.data)
+        data = load_dataset_yaml(args.data or REPO / "data" / "shapes.yaml")
         sources, nc = data["train"], data["nc"]
     records = load_verified(sources, nc, "train")
+    if args.per_worker:
+        args.nc = nc
+        if args.peer_python and len(sources) != 1:
+            raise SystemExit("error: --peer-python needs a train split that is one folder of images")
+        return per_worker(args, records, sources[0])
     hyp = train_hyp()
 
     print(machine())
@@ -136,7 +304,7 @@ def main():
     rows = []
     for size in args.sizes:
         loader_rate, (images, targets) = time_loader(
-            records, size, hyp, args.batch, args.workers, args.warmup, args.batches
+            TrainDataset(records, size, hyp, seed=0), args.batch, args.workers, args.warmup, args.batches
         )
         if len(images) < args.batch:  # the last batch of an epoch can be short; time the step on a full one
             images = images.repeat((args.batch + len(images) - 1) // len(images), 1, 1, 1)[: args.batch]

@@ -75,14 +75,3 @@ def auto_batch_size(model, imgsz, device, amp_dtype=None, share=SHARE):
 
     # the probe's memory stays in torch's cache, for the training to reuse
     return fit_batch_size(memory_at, free, share)
-
-
-def too_large_batch(steps, total_batch, world_size, size, checkpointing):
-    """The sentence a run stops with after `steps` optimizer steps in a row ran out of memory:
-    what did not fit, and a smaller --batch (still a multiple of the process count) to try."""
-    smaller = max(total_batch // 2 // world_size * world_size, world_size)
-    advice = f"try --batch {smaller}" + ("" if checkpointing else " or --checkpoint-activations")
-    return (
-        f"stopping: out of memory in {steps} optimizer steps in a row: --batch {total_batch} "
-        f"({total_batch // world_size} per process) does not fit at {size} px; {advice}"
-    )

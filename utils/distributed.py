@@ -132,15 +132,3 @@ def any_rank(flags, world_size, group=None):
     t = torch.tensor([int(bool(f)) for f in flags], dtype=torch.int32)  # on the CPU: the flags group is gloo
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return [bool(v) for v in t.tolist()]
-
-
-def realign_ddp(model, device):
-    """Call on every rank after an accumulation window was dropped. A rank whose last forward finished
-    has told DDP to expect a backward; a rank that ran out of memory in it has not; the next backward
-    would then all-reduce on some ranks only, and they would wait forever. A tiny forward in eval mode
-    (BN statistics untouched) and a zero backward on every rank bring all of them to the same state."""
-    was_training = model.training
-    model.eval()
-    out = model(torch.zeros(1, 3, 32, 32, device=device))
-    model.train(was_training)
-    (out.float().sum() * 0).backward()

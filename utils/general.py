@@ -1,21 +1,17 @@
-"""Small helpers the scripts share: logging, run folders, atomic writes, seeds, crash reports.
+"""Small helpers the scripts share: logging, run folders, atomic writes, seeds (crash reports: utils/faults.py).
 
 numpy and torch are imported inside the functions that use them: sweep.py imports this module and
 must start in a fraction of a second, without torch.
 """
 
 import csv
-import json
 import logging
 import os
-import platform
 import random
 import re
 import sys
-import traceback
+import time
 from pathlib import Path
-
-import yaml
 
 
 def setup_logging(log_file=None, rank=0):
@@ -109,58 +105,51 @@ def seed_everything(seed, deterministic=False):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
-def environment_info():
+def append_results_row(path, row):
+    """One epoch's line of results.csv: floats to 5 significant digits, the rest as written."""
+    with Path(path).open("a") as f:
+        f.write(",".join(f"{v:.5g}" if isinstance(v, float) else str(v) for v in row) + "\n")
+
+
+def open_tensorboard(run_dir):
+    """A SummaryWriter in the run folder when tensorboard is installed (it is optional), else None."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(run_dir))
+
+
+def start_profiler(trace_path):
+    """train.py --profile: a torch profiler over a few micro-steps (1 skipped, 1 warm-up, 3 recorded), whose
+    Chrome trace is written once (repeat=0 would rewrite it every 5 steps). Call .step() per micro-step."""
     import torch
 
-    return {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        "cpu_threads": torch.get_num_threads(),
-        "argv": sys.argv,
-        "cwd": os.getcwd(),
-    }
+    profiler = torch.profiler.profile(
+        schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)),
+        record_shapes=True,
+    )
+    profiler.start()
+    return profiler
 
 
-def write_crash(run_dir, reason, context):
-    """Write what is needed to understand a dead run into run_dir/crash/: the reason (traceback),
-    the environment, the args, the offending batch, and the path of the last good checkpoint."""
-    crash = Path(run_dir) / "crash"
-    crash.mkdir(parents=True, exist_ok=True)
-    (crash / "reason.txt").write_text(reason)
-    (crash / "environment.json").write_text(json.dumps(environment_info(), indent=2))
-    info = {k: v for k, v in context.items() if k != "batch"}
-    (crash / "context.yaml").write_text(yaml.safe_dump(info, sort_keys=False))
-    if context.get("batch") is not None:
-        import torch
+class Benchmark:
+    """train.py --benchmark N: images/s over N iterations after 3 warm-up ones (cuDNN's search, the loader's
+    first batches). Call finished(iteration) at the start of each iteration; report() once it is True."""
 
-        torch.save(context["batch"], crash / "batch.pt")
-    return crash
+    def __init__(self, iterations, batch, imgsz, device):
+        self.iterations, self.batch, self.imgsz, self.device = iterations, batch, imgsz, device
+        self.start = None
 
+    def finished(self, iteration):
+        if iteration == 3:
+            self.start = time.time()
+        return iteration == self.iterations + 3
 
-def abort_run(run_dir, message, context, is_main):
-    """Stop the run on every rank with exit status 1 (all ranks call it at the same step); rank 0
-    prints the message and writes crash/ with it as the reason."""
-    if is_main:
-        path = write_crash(run_dir, message, context)
-        logging.getLogger("yolo").error(f"{message} (context written to {path})")
-    sys.exit(1)
-
-
-def install_crash_handler(run_dir, context):
-    """Any uncaught exception writes crash/ before the process exits non-zero. `context` is a dict
-    the training loop keeps up to date (args, epoch, iteration, batch, last checkpoint)."""
-    previous = sys.excepthook
-
-    def handler(kind, value, tb):
-        if not issubclass(kind, KeyboardInterrupt):
-            try:
-                path = write_crash(run_dir, "".join(traceback.format_exception(kind, value, tb)), context)
-                print(f"The run crashed; the context is in {path}", file=sys.stderr)
-            except Exception as e:  # the crash report must never hide the original error
-                print(f"(could not write the crash report: {e})", file=sys.stderr)
-        previous(kind, value, tb)
-
-    sys.excepthook = handler
+    def report(self):
+        seconds = time.time() - self.start
+        return (
+            f"benchmark: {self.iterations * self.batch / seconds:.2f} images/s "
+            f"({seconds / self.iterations * 1000:.0f} ms/iteration, batch {self.batch}, {self.imgsz} px, {self.device})"
+        )
