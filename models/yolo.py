@@ -229,12 +229,17 @@ class Detect(nn.Module):
         return self.decode(maps)
 
     def decode(self, maps):
-        """Raw maps -> (batch, anchors, 4 + nc): xyxy boxes in input pixels and class probabilities."""
-        anchors, strides = make_anchors(maps, self.strides)
-        flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)  # batch, anchors, 4*reg_max + nc
-        distri, logits = flat.split((4 * self.reg_max, self.nc), 2)
-        boxes = distances_to_boxes(dfl_decode(distri, self.bins), anchors) * strides
-        return torch.cat((boxes, logits.sigmoid()), 2)
+        """Raw maps -> (batch, anchors, 4 + nc): xyxy boxes in input pixels and class probabilities.
+        Always float32, also for a half model (val.py --half, export.py --half) or inside autocast (the
+        per-epoch metric): fp16 holds pixel coordinates above 512 only to 0.5 px (above 1024 to 1 px), and
+        its DFL expectation is up to ~0.01 cell off (0.27 px at stride 32), so fp16 boxes were up to 0.5 px
+        off at 640 and 0.7 px at 1280, enough to move a match across the high IoU thresholds of mAP50-95."""
+        with torch.autocast(maps[0].device.type, enabled=False):  # autocast would run the DFL matmul in fp16
+            anchors, strides = make_anchors(maps, self.strides)
+            flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2).float()  # batch, anchors, 4*reg_max + nc
+            distri, logits = flat.split((4 * self.reg_max, self.nc), 2)
+            boxes = distances_to_boxes(dfl_decode(distri, self.bins), anchors) * strides
+            return torch.cat((boxes, logits.sigmoid()), 2)
 
 
 def _width(c, width, max_channels):
