@@ -4,7 +4,7 @@
     python export.py --weights best.pt --onnx --torchscript --imgsz 640
     python export.py --onnx --dynamic                    # any batch, height and width
     python export.py --onnx --nms --conf 0.25 --iou 0.7  # NMS inside the graph
-    python export.py --onnx --half --device 0            # fp16 (CUDA only)
+    python export.py --onnx --half                       # fp16 weights and input (CPU or --device 0)
 
 The files are written next to the weights (best.onnx, best.torchscript). Conv+BN are fused first,
 so the graph holds no BatchNorm and nothing else that only training uses.
@@ -12,6 +12,8 @@ so the graph holds no BatchNorm and nothing else that only training uses.
 Outputs of the exported model (input "images": (batch, 3, h, w), RGB, float, 0..1, letterboxed):
   without --nms  "output": (batch, anchors, 4 + nc) = x1 y1 x2 y2 in input pixels, then the
                  probability of each class (the same tensor the PyTorch model returns in eval mode).
+                 float32 also with --half: only the weights, the input and the network run in fp16,
+                 the boxes are decoded in fp32 (fp16 pixel coordinates would be up to 0.5 px off).
   with --nms     "detections": (batch, max_det, 6) = x1 y1 x2 y2 score class, best first, rows after
                  the last detection are zeros; "count": (batch,) int64, the number of real rows.
                  NMS is class-aware, one class per box (its best), with --conf, --iou and --max-det
@@ -69,7 +71,7 @@ def parse_args(argv=None):
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--dynamic", action="store_true", help="batch, height and width chosen at run time")
     parser.add_argument("--opset", type=int, default=17)
-    parser.add_argument("--half", action="store_true", help="fp16 (needs a CUDA --device)")
+    parser.add_argument("--half", action="store_true", help="fp16 weights and input; output still fp32")
     parser.add_argument("--nms", action="store_true", help="NMS inside the graph; output (batch, max_det, 6)")
     parser.add_argument("--conf", type=float, default=0.25, help="confidence threshold of --nms and of the check")
     parser.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold of --nms and of the check")
@@ -254,8 +256,6 @@ def main(argv=None):
     if not (args.onnx or args.torchscript):
         args.onnx = True
     device = select_device(args.device)
-    if args.half and device.type != "cuda":
-        sys.exit("error: --half needs a CUDA device (--device 0); fp16 on the CPU is slower, not faster")
     if args.simplify and not (importlib.util.find_spec("onnxslim") or importlib.util.find_spec("onnxsim")):
         sys.exit("error: --simplify needs an ONNX simplifier: pip install onnxslim (or onnxsim)")
     if args.nms and args.opset < 11:

@@ -8,6 +8,7 @@ Output in training: the raw maps of the three levels (what the loss needs).
 Output in eval:     (batch, anchors, 4 + nc) = x1 y1 x2 y2 in input pixels, then class scores in 0..1.
 """
 
+import contextlib
 import math
 
 import torch
@@ -229,12 +230,34 @@ class Detect(nn.Module):
         return self.decode(maps)
 
     def decode(self, maps):
-        """Raw maps -> (batch, anchors, 4 + nc): xyxy boxes in input pixels and class probabilities."""
-        anchors, strides = make_anchors(maps, self.strides)
-        flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)  # batch, anchors, 4*reg_max + nc
-        distri, logits = flat.split((4 * self.reg_max, self.nc), 2)
-        boxes = distances_to_boxes(dfl_decode(distri, self.bins), anchors) * strides
-        return torch.cat((boxes, logits.sigmoid()), 2)
+        """Raw maps -> (batch, anchors, 4 + nc): xyxy boxes in input pixels and class probabilities.
+        Always float32, also for a half model (val.py --half, export.py --half) or inside autocast (the
+        per-epoch metric): fp16 holds pixel coordinates above 512 only to 0.5 px (above 1024 to 1 px), and
+        its DFL expectation is up to ~0.01 cell off (0.27 px at stride 32), so fp16 boxes were up to 0.5 px
+        off at 640 and 0.7 px at 1280, enough to move a match across the high IoU thresholds of mAP50-95."""
+        with torch.autocast(maps[0].device.type, enabled=False):  # autocast would run the DFL matmul in fp16
+            anchors, strides = make_anchors(maps, self.strides)
+            flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2).float()  # batch, anchors, 4*reg_max + nc
+            distri, logits = flat.split((4 * self.reg_max, self.nc), 2)
+            boxes = distances_to_boxes(dfl_decode(distri, self.bins), anchors) * strides
+            return torch.cat((boxes, logits.sigmoid()), 2)
+
+
+@contextlib.contextmanager
+def frozen_bn_statistics(module):
+    """Inside: the BatchNorm layers of `module` normalise as in training (with the batch's statistics) but update
+    copies of their running statistics and batch count, which are dropped on the way out."""
+    layers = [m for m in module.modules() if isinstance(m, nn.BatchNorm2d) and m.track_running_stats]
+    kept = [(m.running_mean, m.running_var, m.num_batches_tracked) for m in layers]
+    # Copies, not track_running_stats=False or momentum 0: the recompute must call batch_norm exactly as the first
+    # forward did (checkpoint checks that it saves the same tensors), and momentum 0 would still count the batch.
+    for m, buffers in zip(layers, kept):
+        m.running_mean, m.running_var, m.num_batches_tracked = (t.clone() for t in buffers)
+    try:
+        yield
+    finally:
+        for m, (mean, var, count) in zip(layers, kept):
+            m.running_mean, m.running_var, m.num_batches_tracked = mean, var, count
 
 
 def _width(c, width, max_channels):
@@ -296,7 +319,10 @@ class YOLO(nn.Module):
 
     def _run(self, block, x):
         if self.checkpoint_activations and self.training and torch.is_grad_enabled():
-            return checkpoint(block, x, use_reentrant=False)
+            # The backward pass runs the block's forward again: without the frozen statistics its BatchNorm
+            # layers would update their running mean and variance a second time per step (twice the momentum).
+            contexts = lambda: (contextlib.nullcontext(), frozen_bn_statistics(block))  # noqa: E731
+            return checkpoint(block, x, use_reentrant=False, context_fn=contexts)
         return block(x)
 
     def forward(self, x):

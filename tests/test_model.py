@@ -256,13 +256,20 @@ def test_letterbox_inverse_returns_the_original_box(shape):
     assert torch.allclose(back, box, atol=1e-4)
 
 
-def test_activation_checkpointing_gives_the_same_gradients():
+@pytest.mark.parametrize("scale", ["n", "11n"])
+def test_activation_checkpointing_gives_the_same_gradients_and_bn_statistics(scale):
+    """The backward pass runs each checkpointed block's forward again: its BatchNorm layers used to update their
+    running statistics a second time (num_batches_tracked 2 after one step: twice the momentum)."""
     torch.manual_seed(0)
-    plain = YOLO("n", nc=2).train()
-    recomputed = YOLO("n", nc=2, checkpoint_activations=True).train()
+    plain = YOLO(scale, nc=2).train()
+    recomputed = YOLO(scale, nc=2, checkpoint_activations=True).train()
     recomputed.load_state_dict(plain.state_dict())
     x = torch.rand(2, 3, 64, 64)
     for m in (plain, recomputed):
         sum(o.float().square().mean() for o in m(x)).backward()
     for (name, a), (_, b) in zip(plain.named_parameters(), recomputed.named_parameters()):
         assert torch.allclose(a.grad, b.grad, atol=1e-5, rtol=1e-4), name
+    theirs = dict(recomputed.named_buffers())
+    for name, ours in plain.named_buffers():
+        assert torch.equal(theirs[name], ours), (name, theirs[name].flatten()[:3], ours.flatten()[:3])
+    assert {int(m.num_batches_tracked) for m in recomputed.modules() if isinstance(m, torch.nn.BatchNorm2d)} == {1}

@@ -6,11 +6,14 @@ Ultralytics' module paths and class names (ultralytics.nn.tasks.DetectionModel, 
 fills one of its models with known weights, torch.save()s it the way Ultralytics' trainer does (the whole
 object, fp16, under "ema"), then deletes the package before loading."""
 
+import collections
 import copy
+import json
 import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,7 @@ import yaml
 import models.yolo
 from models.yolo import YOLO, model_from_checkpoint
 from utils.checkpoint import CheckpointError, load_checkpoint
+from utils.safe_unpickle import read_pickled_checkpoint
 from utils.shapes import make_shapes
 from utils.ultralytics_checkpoint import FAMILIES, LAYER_NAMES
 
@@ -197,6 +201,158 @@ def test_other_files_are_named_in_one_sentence(fake_ultralytics, tmp_path, monke
             load_checkpoint(path)
         message = str(error.value)
         assert message.startswith(str(path)) and words in message and "\n" not in message, message
+
+
+def test_what_torch_save_writes_reads_back_as_torch_load_reads_it(tmp_path):
+    """The hostile-file checks below must pass every view torch.save() writes: views sharing one storage at an
+    offset, transposed ones, size-1 dims with any stride, scalars, empty tensors, every dtype; and a model
+    with its optimizer's state, as in a last.pt."""
+    base = torch.arange(24.0).view(4, 6)
+    model = YOLO("n", nc=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.rand(1, 3, 64, 64))[0].sum().backward()
+    optimizer.step()
+    views = {"base": base, "row": base[2], "column": base[:, 3], "transposed": base.t(), "unsqueezed": base[:, None]}
+    dtypes = {str(dt): torch.ones(3, dtype=dt) for dt in (torch.float16, torch.bfloat16, torch.int64, torch.bool)}
+    odd = {
+        "scalar": torch.tensor(7),
+        "empty": torch.zeros(0, 5),
+        "stride 0 on a size-1 dim": torch.zeros(3).expand(1, 3),
+    }
+    saved = {**views, **dtypes, **odd, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    path = tmp_path / "last.pt"
+    torch.save(saved, path)
+    got, calls = read_pickled_checkpoint(path)
+    expected = torch.load(path, weights_only=True)
+    flat_got, flat_expected = flatten(got), flatten(expected)
+    assert calls == [] and flat_got.keys() == flat_expected.keys()
+    for key, value in flat_expected.items():
+        if isinstance(value, torch.Tensor):
+            assert value.dtype == flat_got[key].dtype and torch.equal(value, flat_got[key]), key
+        else:
+            assert value == flat_got[key], key
+
+
+def flatten(obj, prefix=""):
+    if isinstance(obj, dict):
+        return {k: v for key, value in obj.items() for k, v in flatten(value, f"{prefix}{key}/").items()}
+    if isinstance(obj, (list, tuple)):
+        return {k: v for i, value in enumerate(obj) for k, v in flatten(value, f"{prefix}{i}/").items()}
+    return {prefix: obj}
+
+
+def load_in_fresh_process(path):
+    """(exception class, message, growth of the peak resident memory in MiB) of load_checkpoint(path), run in a
+    new interpreter. Not ru_maxrss: a forked child inherits the peak of this big pytest process, hiding growth.
+    VmHWM (Linux) is the child's own peak; resetting it drops what importing torch used only for a moment."""
+    script = (
+        "import json, sys\n"
+        "from utils.checkpoint import load_checkpoint\n"
+        "def peak_mib():\n"
+        "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')) / 1024\n"
+        "try:\n"
+        "    open('/proc/self/clear_refs', 'w').write('5')\n"
+        "except OSError:\n"
+        "    pass  # not allowed here: the baseline keeps the import's peak, which can only hide growth\n"
+        "before = peak_mib()\n"
+        "try:\n"
+        "    load_checkpoint(sys.argv[1])\n"
+        "    outcome = ['loaded', '']\n"
+        "except Exception as e:\n"
+        "    outcome = [type(e).__name__, str(e)]\n"
+        "print(json.dumps(outcome + [peak_mib() - before]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def assert_refused(path, kind, message, words):
+    assert kind == "CheckpointError", f"{kind}: {message}"
+    assert message.startswith(f"{path} is not a checkpoint this repo can read ("), message
+    assert words in message and "\n" not in message and "Traceback" not in message, message
+
+
+def with_entry_replaced(path, suffix, data, compress_type=zipfile.ZIP_STORED):
+    """Rewrites the torch.save() zip at `path` with the entry ending in `suffix` holding `data` instead."""
+    with zipfile.ZipFile(path) as src:
+        entries = [(info, src.read(info)) for info in src.infolist()]
+    with zipfile.ZipFile(path, "w") as dst:
+        for info, content in entries:
+            if info.filename.endswith(suffix):
+                dst.writestr(info.filename, data, compress_type=compress_type)
+            else:
+                dst.writestr(info, content)
+
+
+# Each file is a few bytes to a MiB; reading it the naive way (cloning each tensor view) makes 256 MiB of tensors.
+SMALL_FILES_BIG_TENSORS = {
+    "stride 0": lambda: torch.zeros(1).expand(2**26),  # one element repeated 2**26 times
+    "overlapping rows": lambda: torch.zeros(2**14).as_strided((2**13, 2**13), (1, 1)),  # row i starts at element i
+    "one storage viewed 256 times": lambda: [x.view(-1) for x in [torch.zeros(2**18)] * 256],
+}
+
+
+@pytest.mark.parametrize("case", SMALL_FILES_BIG_TENSORS)
+def test_a_small_file_claiming_big_tensors_is_refused_without_allocating_them(fake_ultralytics, tmp_path, case):
+    import ultralytics.nn.tasks as tasks
+
+    path = tmp_path / "yolov8n.pt"
+    # the model object first: torch.load(weights_only=True) stops at its class before reading any storage
+    torch.save({"ema": tasks.DetectionModel(), "anchors": SMALL_FILES_BIG_TENSORS[case]()}, path)
+    fake_ultralytics()
+    assert path.stat().st_size < 2**21
+    kind, message, grew_mib = load_in_fresh_process(path)
+    assert grew_mib < 32, f"reading a {path.stat().st_size}-byte file took {grew_mib:.0f} MiB more"
+    assert_refused(path, kind, message, "tensor")
+
+
+def test_a_compressed_zip_entry_is_refused_without_inflating_it(fake_ultralytics, tmp_path):
+    import ultralytics.nn.tasks as tasks
+
+    path = tmp_path / "yolov8n.pt"
+    torch.save({"ema": tasks.DetectionModel(), "anchors": torch.zeros(4)}, path)
+    fake_ultralytics()
+    with_entry_replaced(path, "/data/0", bytes(2**27), zipfile.ZIP_DEFLATED)  # 128 MiB of zeros in ~130 KB
+    assert path.stat().st_size < 2**18
+    kind, message, grew_mib = load_in_fresh_process(path)
+    assert grew_mib < 32, f"reading a {path.stat().st_size}-byte file took {grew_mib:.0f} MiB more"
+    assert_refused(path, kind, message, "compressed")
+
+
+@pytest.mark.parametrize("storage", ["a string", "a model"])
+def test_a_tensor_built_from_something_other_than_a_storage_is_refused_in_one_sentence(
+    fake_ultralytics, tmp_path, storage
+):
+    import ultralytics.nn.tasks as tasks
+
+    fake = "not a storage" if storage == "a string" else tasks.DetectionModel()
+
+    class Tensor:  # pickles as a call of torch's tensor rebuilder, with `fake` where the storage belongs
+        def __reduce__(self):
+            return torch._utils._rebuild_tensor_v2, (fake, 0, (1,), (1,), False, collections.OrderedDict())
+
+    path = tmp_path / "yolov8n.pt"
+    torch.save({"ema": tasks.DetectionModel(), "anchors": Tensor()}, path)
+    fake_ultralytics()
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(path)
+    assert_refused(path, "CheckpointError", str(error.value), "instead of one of the file's storages")
+
+
+@pytest.mark.parametrize("entry_bytes", [8, 32])  # the pickle says 4 floats: 16 bytes
+def test_a_storage_whose_entry_has_another_size_is_refused(fake_ultralytics, tmp_path, entry_bytes):
+    import ultralytics.nn.tasks as tasks
+
+    path = tmp_path / "yolov8n.pt"
+    torch.save({"ema": tasks.DetectionModel(), "anchors": torch.zeros(4)}, path)
+    fake_ultralytics()
+    with_entry_replaced(path, "/data/0", bytes(entry_bytes))
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(path)
+    assert_refused(path, "CheckpointError", str(error.value), f"its entry has {entry_bytes}")
 
 
 @pytest.fixture

@@ -19,17 +19,19 @@ def xyxy_to_xywh(b):
 
 
 def make_anchors(maps, strides, offset=0.5):
-    """Anchor points (cell centres, in grid units of their level) and their strides, for every level."""
+    """Anchor points (cell centres, in grid units of their level) and their strides, for every level.
+    Always float32, whatever the maps' dtype: an fp16 arange exports as an ONNX Range of float16, which
+    ONNX Runtime rejects (INVALID_GRAPH), and the boxes built on these points need fp32 anyway."""
     points, stride_column = [], []
     for m, s in zip(maps, strides):
         h, w = m.shape[-2:]
         sy, sx = torch.meshgrid(
-            torch.arange(h, device=m.device, dtype=m.dtype) + offset,
-            torch.arange(w, device=m.device, dtype=m.dtype) + offset,
+            torch.arange(h, device=m.device, dtype=torch.float32) + offset,
+            torch.arange(w, device=m.device, dtype=torch.float32) + offset,
             indexing="ij",
         )
         points.append(torch.stack((sx, sy), -1).view(-1, 2))
-        stride_column.append(torch.full((h * w, 1), s, dtype=m.dtype, device=m.device))
+        stride_column.append(torch.full((h * w, 1), s, dtype=torch.float32, device=m.device))
     return torch.cat(points), torch.cat(stride_column)
 
 

@@ -13,9 +13,16 @@ middle way: a restricted unpickler that
 
 What comes back is data to read: a stubbed nn.Module keeps its `_parameters`, `_buffers` and `_modules`
 in `.state`, which `module_tensors` walks like Module.state_dict() does.
+
+A hostile file is bounded by its own size: only uncompressed (STORED) entries are read, as torch.save() writes
+them, and never more bytes than the file holds; a storage must have the bytes its reference claims; a tensor
+must be a view inside its storage with no more elements than it (no stride 0, no overlapping rows), and all
+tensors together at most twice the file. Anything else that goes wrong becomes a ValueError with one line.
 """
 
 import collections
+import math
+import os
 import pickle
 import zipfile
 
@@ -75,8 +82,17 @@ def stub_name(obj):
     return f"{cls._module}.{cls._name}" if isinstance(cls, type) and issubclass(cls, Stub) else ""
 
 
-def _rebuild_tensor(storage, offset, size, stride, requires_grad=False, hooks=None, metadata=None):
-    return storage.as_strided(size, stride, offset).clone()
+class _Refused(ValueError):
+    """The file is malformed or hostile; the message says how, and becomes read_pickled_checkpoint's reason."""
+
+
+def _one_line(text, limit=120):
+    # torch's errors span several lines; the caller's refusal must stay one sentence
+    return " ".join(str(text).split())[:limit]
+
+
+def _is_count(value):
+    return type(value) is int and value >= 0  # not bool, not a stub standing in for a number
 
 
 def _rebuild_parameter(data, requires_grad=False, hooks=None, state=None):
@@ -84,7 +100,6 @@ def _rebuild_parameter(data, requires_grad=False, hooks=None, state=None):
 
 
 _SAFE = {
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
     ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
     ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
     ("collections", "OrderedDict"): collections.OrderedDict,
@@ -95,20 +110,49 @@ _SAFE = {
 }
 
 
+class _Entries:
+    """The archive's entries, each read at most once, and only as torch.save() writes them: uncompressed, so
+    that an entry cannot inflate (a 244 KB deflated entry was 0.5 GB), and in total no more bytes than the file
+    has, so that entries sharing their bytes (overlapping records of a crafted zip) cannot multiply them."""
+
+    def __init__(self, archive, file_size):
+        self.archive, self.file_size, self.unread = archive, file_size, file_size
+
+    def info(self, name):
+        info = self.archive.getinfo(name)
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise _Refused(f"its entry {name} is compressed (method {info.compress_type}); torch.save() never is")
+        if info.file_size != info.compress_size or info.file_size > self.unread:
+            raise _Refused(f"its entries claim more bytes than the file's {self.file_size}")
+        self.unread -= info.file_size
+        return info
+
+    def read(self, name):
+        return self.archive.read(self.info(name))
+
+
 class _RestrictedUnpickler(pickle.Unpickler):
-    def __init__(self, file, archive, prefix):
+    def __init__(self, file, entries, prefix):
         super().__init__(file)
-        self.archive, self.prefix = archive, prefix
+        self.entries, self.prefix = entries, prefix
         self.stub_types, self.calls, self.storages = {}, set(), {}
+        self.storage_ids = set()  # ids of the storage tensors above (kept alive by self.storages)
+        # Every tensor is a copy of part of a storage; views of one storage, each cheap in the pickle, would
+        # otherwise copy it again and again. Twice the file leaves room for a tensor saved with a view of it.
+        self.tensor_bytes_left = 2 * entries.file_size
 
     def find_class(self, module, name):
         module = {"__builtin__": "builtins", "copy_reg": "copyreg"}.get(module, module)  # protocol 2's names
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return self.rebuild_tensor  # checks its storage against this file's
         if (module, name) in _SAFE:
             return _SAFE[(module, name)]
         if module == "torch" and name in _STORAGE_DTYPES:
             return _STORAGE_DTYPES[name]  # persistent_load reads the dtype from here
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
+        # vars(), not getattr(): torch's module __getattr__ imports torch._dynamo and friends for a name
+        # (seconds) and calls functions for deprecated ones, all on the word of the pickle
+        if module == "torch" and isinstance(vars(torch).get(name), torch.dtype):
+            return vars(torch)[name]
         if (module, name) not in self.stub_types:
             calls = self.calls
 
@@ -122,36 +166,81 @@ class _RestrictedUnpickler(pickle.Unpickler):
         return self.stub_types[(module, name)]
 
     def persistent_load(self, pid):
-        kind, dtype, key, _location, _numel = pid
-        if kind != "storage" or not isinstance(dtype, torch.dtype):
-            raise pickle.UnpicklingError(f"unsupported persistent id {kind!r}")
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            raise _Refused(f"its pickle refers to {_one_line(repr(pid), 60)}, which is not a storage")
+        _, dtype, key, _location, numel = pid
+        if not (isinstance(dtype, torch.dtype) and isinstance(key, str) and _is_count(numel)):
+            raise _Refused(f"its pickle has a malformed storage reference {_one_line(repr(pid), 60)}")
         if key not in self.storages:
-            raw = bytearray(self.archive.read(f"{self.prefix}/data/{key}"))
-            self.storages[key] = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-        return self.storages[key]
+            raw = self.entries.read(f"{self.prefix}/data/{key}")
+            # torch.save() writes exactly the referenced elements; other bytes are a lie about the size
+            if len(raw) != numel * dtype.itemsize:
+                raise _Refused(f"storage {key} should hold {numel} {dtype} elements but its entry has {len(raw)} bytes")
+            raw = bytearray(raw)  # writable, so torch.frombuffer shares it without a warning
+            storage = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+            self.storages[key] = storage
+            self.storage_ids.add(id(storage))
+        storage = self.storages[key]
+        if storage.dtype != dtype or storage.numel() != numel:
+            raise _Refused(f"storage {key} is referenced both as {storage.numel()} {storage.dtype} and {numel} {dtype}")
+        return storage
+
+    def rebuild_tensor(self, storage, offset, size, stride, requires_grad=False, hooks=None, metadata=None):
+        """torch._utils._rebuild_tensor_v2, as a copy of a view that must lie inside the storage: the copy
+        is as big as the view claims, and a file of a few hundred bytes can claim gigabytes (stride 0)."""
+        if not (isinstance(storage, torch.Tensor) and id(storage) in self.storage_ids):
+            what = stub_name(storage) or type(storage).__name__
+            raise _Refused(f"a tensor is built from an object of type {what} instead of one of the file's storages")
+        if not (isinstance(size, (tuple, list)) and isinstance(stride, (tuple, list)) and len(size) == len(stride)):
+            raise _Refused("a tensor has a malformed size or stride")
+        if not (_is_count(offset) and all(map(_is_count, size)) and all(map(_is_count, stride))):
+            raise _Refused("a tensor has a malformed offset, size or stride")
+        view = f"offset {offset}, size {list(size)}, stride {list(stride)}"
+        numel = math.prod(size)
+        if numel == 0:
+            return torch.empty(size, dtype=storage.dtype)  # holds nothing, whatever its strides say
+        if any(st == 0 and n > 1 for n, st in zip(size, stride)):
+            raise _Refused(f"a tensor repeats elements of its storage ({view})")
+        if offset + sum((n - 1) * st for n, st in zip(size, stride)) >= storage.numel():
+            raise _Refused(f"a tensor reaches past the end of its storage of {storage.numel()} elements ({view})")
+        if numel > storage.numel():  # rows that overlap, e.g. stride (1, 1)
+            raise _Refused(f"a tensor has more elements than its storage's {storage.numel()} ({view})")
+        self.tensor_bytes_left -= numel * storage.element_size()
+        if self.tensor_bytes_left < 0:
+            raise _Refused(f"its tensors add up to more than twice the file's {self.entries.file_size} bytes")
+        return storage.as_strided(size, stride, offset).clone()
 
 
 def read_pickled_checkpoint(path):
     """(object, names called) from a torch.save() zip file, with every non-data class stubbed.
-    Raises ValueError with a short reason when the file is not a torch zip archive."""
+    Raises ValueError with a short reason, one line, for anything else, hostile files included."""
     try:
+        file_size = os.path.getsize(path)
         archive = zipfile.ZipFile(path)
     except zipfile.BadZipFile:
         raise ValueError("not a zip archive (torch.save() writes one since PyTorch 1.6)") from None
-    with archive:
-        pickles = [n for n in archive.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
-        if len(pickles) != 1:
-            raise ValueError("a zip archive without the data.pkl of a torch.save() file")
-        prefix = pickles[0].split("/")[0]
-        byteorder = f"{prefix}/byteorder"
-        if byteorder in archive.namelist() and archive.read(byteorder).strip() not in (b"little", b""):
-            raise ValueError("saved on a big-endian machine, which this reader does not convert")
-        with archive.open(pickles[0]) as f:
-            unpickler = _RestrictedUnpickler(f, archive, prefix)
-            try:
-                obj = unpickler.load()
-            except (pickle.UnpicklingError, EOFError, KeyError, RuntimeError, TypeError, ValueError) as e:
-                raise ValueError(f"its pickle is broken ({type(e).__name__}: {str(e)[:120]})") from None
+    except Exception as e:  # a crafted central directory trips zipfile in other ways (struct, seek, ...)
+        raise ValueError(f"its zip directory is broken ({type(e).__name__}: {_one_line(e)})") from None
+    try:
+        with archive:
+            return _read_archive(archive, _Entries(archive, file_size))
+    except _Refused as e:
+        raise ValueError(_one_line(e, 200)) from None
+    except Exception as e:  # whatever a hostile pickle provokes (AttributeError, MemoryError, RecursionError, ...)
+        raise ValueError(f"its pickle is broken ({type(e).__name__}: {_one_line(e)})") from None
+
+
+def _read_archive(archive, entries):
+    pickles = [n for n in archive.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
+    if len(pickles) != 1:
+        raise _Refused("a zip archive without the data.pkl of a torch.save() file")
+    prefix = pickles[0].split("/")[0]
+    byteorder = f"{prefix}/byteorder"
+    if byteorder in archive.namelist() and entries.read(byteorder).strip() not in (b"little", b""):
+        raise _Refused("saved on a big-endian machine, which this reader does not convert")
+    with archive.open(entries.info(pickles[0])) as f:
+        unpickler = _RestrictedUnpickler(f, entries, prefix)
+        obj = unpickler.load()
     return obj, sorted(unpickler.calls)
 
 
