@@ -15,7 +15,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -30,7 +29,8 @@ from utils.checkpoint import (
     CheckpointError,
     checkpoint_weights,
     load_checkpoint,
-    load_resume_checkpoint,
+    resume_arguments,
+    resumed_batch,
     rng_states,
     save_checkpoint,
     set_rng_states,
@@ -49,7 +49,7 @@ from utils.data import (
     multi_scale_size,
     single_class,
 )
-from utils.distributed import amp_dtype_for, any_rank, barrier, setup_distributed, wrap_ddp
+from utils.distributed import amp_dtype_for, any_rank, barrier, make_run_dir, setup_distributed, wrap_ddp
 from utils.ema import ModelEMA, unwrap
 from utils.evaluate import evaluate, format_table
 from utils.faults import StopRequest, abort_run, install_crash_handler, realign_ddp, too_large_batch
@@ -57,7 +57,6 @@ from utils.general import (
     Benchmark,
     append_results_row,
     explicit_flags,
-    next_run_dir,
     open_tensorboard,
     seed_everything,
     setup_logging,
@@ -113,68 +112,39 @@ MAX_OOM_STEPS = 3  # optimizer steps in a row lost to out-of-memory before the r
 parser = argparse.ArgumentParser(
     description="Train a YOLO detector", formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False
 )
-parser.add_argument("--data", default="data/shapes.yaml", help="dataset yaml")
-parser.add_argument(
-    "--model", default="n", help="YOLOv8 n, s, m, l, x; YOLO11 11n .. 11x; or a .pt (ours or Ultralytics'): its model"
-)
-parser.add_argument("--weights", default="", help="initialise from this .pt, ours or Ultralytics' (tensors that match)")
-parser.add_argument("--epochs", type=int, default=100)
-parser.add_argument(
-    "--batch", type=int, default=16, help="total batch size over all GPUs; -1: from the free GPU memory (one GPU)"
-)
-parser.add_argument("--imgsz", type=int, default=640, help="training image size")
-parser.add_argument(
-    "--device", default="", help="cpu, 0, or under torchrun 0,1,2,3 (one GPU per process; default: GPU LOCAL_RANK)"
-)
-parser.add_argument(
-    "--workers",
-    type=int,
-    default=None,
-    help="data-loader processes per rank (default: the CPU cores per rank, at most 8)",
-)
-parser.add_argument("--out", default="", help="run folder (default runs/train/exp, exp2, ...)")
-parser.add_argument("--resume", nargs="?", const=True, default=False, help="resume from last.pt (newest if no path)")
-parser.add_argument("--seed", type=int, default=0)
-parser.add_argument("--deterministic", action="store_true", help="deterministic algorithms (exact resume on CPU)")
-parser.add_argument("--subset", type=int, default=0, help="use only the first N train and val images (debugging)")
-parser.add_argument(
-    "--fraction", type=float, default=1.0, help="train on this fraction of the training images (the first ones)"
-)
-parser.add_argument("--single-cls", action="store_true", help="train every class as one class, 'object'")
-parser.add_argument(
-    "--patience", type=int, default=100, help="stop when mAP50-95 has not improved for N epochs (0: never)"
-)
-parser.add_argument(
-    "--cache", nargs="?", const="ram", default="", choices=["", "ram"], help="keep decoded images in RAM"
-)
-parser.add_argument("--multi-scale", action="store_true", help="vary the image size +/-50%% per iteration")
-parser.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across GPUs (DDP)")
-parser.add_argument(
-    "--accumulate", type=int, default=0, help="micro-batches per optimizer step; 0 = reach nominal_batch"
-)
-parser.add_argument(
-    "--amp", action=argparse.BooleanOptionalAction, default=None, help="mixed precision (default: on for CUDA)"
-)
-parser.add_argument(
-    "--amp-dtype",
-    default="auto",
-    choices=["auto", "bf16", "fp16"],
-    help="auto: bf16 on CPUs and GPUs of compute capability 8.0+, else fp16 with loss scaling",
-)
-parser.add_argument(
-    "--freeze", default="", help="comma-separated parameter-name prefixes to freeze, e.g. stem,down2,stage2"
-)
-parser.add_argument("--save-every", type=int, default=0, help="also save last.pt every N iterations")
-parser.add_argument("--val-every", type=int, default=1, help="validate every N epochs (and after the last)")
-parser.add_argument("--benchmark", type=int, default=0, help="train N iterations, print images/s, exit")
-parser.add_argument("--profile", action="store_true", help="write a torch profiler trace of a few steps")
-parser.add_argument(
-    "--checkpoint-activations", action="store_true", help="recompute activations in backward to save memory"
-)
-parser.add_argument("--compile", action="store_true", help="torch.compile the model (see README: when it pays)")
+add = parser.add_argument
+add("--data", default="data/shapes.yaml", help="dataset yaml")
+add("--model", default="n", help="YOLOv8 n, s, m, l, x; YOLO11 11n .. 11x; or a .pt (ours or Ultralytics'): its model")
+add("--weights", default="", help="initialise from this .pt, ours or Ultralytics' (tensors that match)")
+add("--epochs", type=int, default=100)
+add("--batch", type=int, default=16, help="total batch size over all GPUs; -1: from the free GPU memory (one GPU)")
+add("--imgsz", type=int, default=640, help="training image size")
+add("--device", default="", help="cpu, 0, or under torchrun 0,1,2,3 (one GPU per process; default: GPU LOCAL_RANK)")
+add("--workers", type=int, default=None, help="data-loader processes per rank (default: CPU cores per rank, <= 8)")
+add("--out", default="", help="run folder (default runs/train/exp, exp2, ...)")
+add("--resume", nargs="?", const=True, default=False, help="resume from last.pt (newest if no path)")
+add("--seed", type=int, default=0)
+add("--deterministic", action="store_true", help="deterministic algorithms (exact resume on CPU)")
+add("--subset", type=int, default=0, help="use only the first N train and val images (debugging)")
+add("--fraction", type=float, default=1.0, help="train on this fraction of the training images (the first ones)")
+add("--single-cls", action="store_true", help="train every class as one class, 'object'")
+add("--patience", type=int, default=100, help="stop when mAP50-95 has not improved for N epochs (0: never)")
+add("--cache", nargs="?", const="ram", default="", choices=["", "ram"], help="keep decoded images in RAM")
+add("--multi-scale", action="store_true", help="vary the image size +/-50%% per iteration")
+add("--sync-bn", action="store_true", help="SyncBatchNorm across GPUs (DDP)")
+add("--accumulate", type=int, default=0, help="micro-batches per optimizer step; 0 = reach nominal_batch")
+add("--amp", action=argparse.BooleanOptionalAction, default=None, help="mixed precision (default: on for CUDA)")
+add("--amp-dtype", default="auto", choices=["auto", "bf16", "fp16"], help="auto: bf16 where native, else fp16")
+add("--freeze", default="", help="comma-separated parameter-name prefixes to freeze, e.g. stem,down2,stage2")
+add("--save-every", type=int, default=0, help="also save last.pt every N iterations")
+add("--val-every", type=int, default=1, help="validate every N epochs (and after the last)")
+add("--benchmark", type=int, default=0, help="train N iterations, print images/s, exit")
+add("--profile", action="store_true", help="write a torch profiler trace of a few steps")
+add("--checkpoint-activations", action="store_true", help="recompute activations in backward to save memory")
+add("--compile", action="store_true", help="torch.compile the model (see README: when it pays)")
 for key, value in HYP.items():
     names = [f"--{key}"] + ([f"--{key.replace('_', '-')}"] if "_" in key else [])
-    parser.add_argument(*names, dest=key, type=type(value), default=value, help="hyperparameter")
+    add(*names, dest=key, type=type(value), default=value, help="hyperparameter")
 args = parser.parse_args()
 given_flags = explicit_flags(parser, sys.argv[1:])
 
@@ -183,38 +153,19 @@ given_flags = explicit_flags(parser, sys.argv[1:])
 # optimizer and its lr0. args.yaml records the result; `args` is not written after it.
 fix_cv2_and_file_limits()  # pitfalls D6-D7: file descriptors and cv2's threads (and again in every data-loader worker)
 resume_ckpt = None  # --resume: the last.pt this run continues
-if args.resume:
+if args.resume:  # the saved arguments, with this machine's devices and workers (and --batch, --amp where given)
     try:
-        resume_path, resume_ckpt = load_resume_checkpoint(args.resume if isinstance(args.resume, str) else None)
+        args, resume_ckpt = resume_arguments(parser, args, given_flags)
     except CheckpointError as e:
         sys.exit(f"--resume: {e}")
-    # The run continues with the arguments it was started with; only where and how it runs may change
-    # (another machine: its devices, its cores, the AMP its GPU supports, the batch its GPUs fit).
-    changeable = ["device", "workers"] + [k for k in ("amp", "amp_dtype", "batch") if k in given_flags]
-    where = {k: getattr(args, k) for k in changeable}
-    args = argparse.Namespace(**{**vars(parser.parse_args([])), **resume_ckpt["args"], **where, "resume": resume_path})
-    args.out = str(Path(resume_path).parents[1])
 
 device, rank, local_rank, world_size, flags_group = setup_distributed(args.device)
 is_main = rank == 0
-if resume_ckpt:
-    # Resumed on another number of GPUs: each keeps the images it had (the total would put several GPUs' worth
-    # on each, and run out of memory), unless --batch says otherwise. Steps keep their size through the
-    # accumulation; the schedule continues, though not bitwise as on the original GPUs.
-    saved_batch = resume_ckpt["args"]["batch"]
-    if "batch" not in given_flags:
-        args.batch = saved_batch // resume_ckpt.get("world_size", world_size) * world_size
-    if args.accumulate and args.batch != saved_batch:
-        args.accumulate = max(1, round(args.accumulate * saved_batch / args.batch))
+if resume_ckpt:  # on another number of GPUs: the same images per GPU and per optimizer step
+    args.batch, args.accumulate = resumed_batch(args, resume_ckpt, world_size, "batch" in given_flags)
 if args.workers is None:  # every core feeds the GPUs: the processes of this node share them
     args.workers = min(8, max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
-if is_main:
-    run_dir = Path(args.out) if args.out else next_run_dir("runs/train/exp")
-    (run_dir / "weights").mkdir(parents=True, exist_ok=True)
-if world_size > 1:  # every rank writes nothing, but all must agree on the folder
-    shared = [str(run_dir) if is_main else None]
-    dist.broadcast_object_list(shared, src=0)
-    run_dir = Path(shared[0])
+run_dir = make_run_dir(args.out, is_main, world_size)
 args.out = str(run_dir)
 log = setup_logging(run_dir / "train.log" if is_main else None, rank)
 crash_context = {"args": vars(args), "epoch": None, "iteration": None, "last_checkpoint": None, "batch": None}
@@ -330,7 +281,8 @@ if resume_ckpt:
     if resume_ckpt["scaler"]:  # empty when saved without fp16: a run resumed in fp16 then starts a new loss scale
         scaler.load_state_dict(resume_ckpt["scaler"])
     # the iteration counts batches of the saved size: the same images seen, in batches of this run's
-    start_epoch, start_iteration = resume_ckpt["epoch"], resume_ckpt["iteration"] * saved_batch // args.batch
+    start_epoch = resume_ckpt["epoch"]
+    start_iteration = resume_ckpt["iteration"] * resume_ckpt["args"]["batch"] // args.batch
     best_fitness, best_epoch = resume_ckpt["best_fitness"], resume_ckpt.get("best_epoch", start_epoch)
     set_rng_states(resume_ckpt["rng"])
     log.info(f"resuming {args.resume} at epoch {start_epoch}, iteration {start_iteration}")
@@ -365,14 +317,8 @@ if args.compile:  # after DDP: torch's DDP optimizer then splits the graph at th
 
 # -----------------------------------------------------------------------------------------------
 # Data loaders
-train_set = TrainDataset(
-    train_records,
-    args.imgsz,
-    vars(args),
-    args.seed,
-    mosaic_epochs=args.epochs - args.close_mosaic,
-    cache_ram=args.cache == "ram",
-)
+mosaic_epochs = args.epochs - args.close_mosaic  # --close-mosaic: the last epochs see whole images, like test images
+train_set = TrainDataset(train_records, args.imgsz, vars(args), args.seed, mosaic_epochs, cache_ram=args.cache == "ram")
 sampler = EpochBatchSampler(len(train_set), batch, args.seed, rank, world_size, start_epoch, start_iteration)
 # pinned: async copies
 train_loader = make_loader(train_set, sampler, workers=args.workers, pin_memory=device.type == "cuda")
@@ -385,21 +331,13 @@ warmup_iterations = max(round(args.warmup_epochs * nb), 100) if args.warmup_epoc
 # Look before training: shifted, swapped or mislabelled boxes show in labels.jpg (drawn in a thread).
 if is_main and not resume_ckpt:
     in_background(plot_labels, train_records, names, run_dir / "labels.jpg")
-log.info(
-    " | ".join(
-        [
-            f"model {scale}: {count_parameters(unwrap(model)) / 1e6:.2f} M parameters, "
-            f"{count_gflops(unwrap(model), 640):.1f} GFLOPs at 640",
-            f"{len(train_records)} train / {len(val_records)} val images, {nc} classes",
-            f"{args.epochs} epochs at {args.imgsz} px, batch {args.batch} x accumulate {accumulate}"
-            + " (from 1 over the warmup)" * bool(args.accumulate_warmup),
-            f"{args.optimizer} lr0 {args.lr0}",
-            f"{device}" + f" x {world_size} processes" * (world_size > 1),
-            *([f"amp {str(amp_dtype).split('.')[-1]}"] if use_amp else []),
-            f"{args.workers} loader workers",
-        ]
-    )
-)
+size = f"{count_parameters(unwrap(model)) / 1e6:.2f} M parameters, {count_gflops(unwrap(model), 640):.1f} GFLOPs at 640"
+ramp = " (from 1 over the warmup)" * bool(args.accumulate_warmup)
+summary = [f"model {scale}: {size}", f"{len(train_records)} train / {len(val_records)} val images, {nc} classes"]
+summary += [f"{args.epochs} epochs at {args.imgsz} px, batch {args.batch} x accumulate {accumulate}{ramp}"]
+summary += [f"{args.optimizer} lr0 {args.lr0}", f"{device}" + f" x {world_size} processes" * (world_size > 1)]
+summary += [f"amp {str(amp_dtype).split('.')[-1]}"] * use_amp + [f"{args.workers} loader workers"]
+log.info(" | ".join(summary))
 stop_request = StopRequest()  # SIGTERM / Ctrl+C: save last.pt after this step, exit 0
 results_csv = run_dir / "results.csv"
 columns = "epoch box_loss cls_loss dfl_loss precision recall mAP50 mAP50-95 lr seconds".split()

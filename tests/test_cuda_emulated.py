@@ -407,3 +407,22 @@ def test_the_emulator_leaves_torch_as_it_found_it():
     assert torch.get_num_threads() == threads
     assert torch.ones(2).device.type == "cpu"
     assert not torch._C._is_torch_function_mode_enabled() and not torch._C._len_torch_dispatch_stack()
+
+
+def test_batch_minus_one_with_multi_scale_measures_at_the_largest_size(emulated_gpu, data, tmp_path, monkeypatch):
+    """--batch -1 --multi-scale at 64 px draws sizes up to 96 px: the batch is measured there (at 64 px a quarter
+    of the iterations needed more memory than measured), on the GPU, with a model of the run's size."""
+    import utils.autobatch
+
+    measured = []
+
+    def fake_measure(model, imgsz, device, amp_dtype=None):
+        measured.append((imgsz, device, next(model.parameters()).device, type(model).__name__))
+        return 4
+
+    monkeypatch.setattr(utils.autobatch, "auto_batch_size", fake_measure)
+    without_host_only_work(monkeypatch)
+    args = ["--data", data, "--epochs", "1", "--batch", "-1", "--multi-scale", "--out", tmp_path / "run", *TINY]
+    assert run_script("train.py", *args) == 0
+    assert measured == [(96, CUDA0, CUDA0, "YOLO")]
+    assert yaml.safe_load((tmp_path / "run/args.yaml").read_text())["batch"] == 4

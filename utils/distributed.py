@@ -4,10 +4,13 @@ import datetime
 import os
 import shlex
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+
+from utils.general import next_run_dir
 
 TIMEOUT = datetime.timedelta(hours=3)  # rank 0 validates while the others wait: far more than the default 10 min
 
@@ -116,6 +119,20 @@ def wrap_ddp(model, device):
     return DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
     )
+
+
+def make_run_dir(out, is_main, world_size):
+    """Rank 0 makes the run folder (--out, else runs/train/exp, exp2, ...) with its weights/; under DDP every
+    rank gets its path (they write nothing, but all must agree on it)."""
+    run_dir = None
+    if is_main:
+        run_dir = Path(out) if out else next_run_dir("runs/train/exp")
+        (run_dir / "weights").mkdir(parents=True, exist_ok=True)
+    if world_size > 1:
+        shared = [str(run_dir) if is_main else None]
+        dist.broadcast_object_list(shared, src=0)
+        run_dir = Path(shared[0])
+    return run_dir
 
 
 def barrier(world_size, group=None):
