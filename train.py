@@ -440,11 +440,13 @@ for epoch in range(start_epoch, args.epochs):
             in_background(plot_batch, images.clone(), targets.clone(), names, run_dir / f"train_batch{iteration}.jpg")
         # pitfall D3: uint8 RGB -> 0..1, last, on the device
         images = images.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=torch.channels_last)
-        targets = targets.to(device)
+        # The targets stay on the host: the loss pads them there and copies them over without a sync (a
+        # blocking targets.to(device) waits for the GPU).
         if args.multi_scale:  # a multiple of 32, and a pure function of (seed, iteration): all ranks agree (pitfall M4)
             size = multi_scale_size(args.imgsz, args.seed, iteration)
             if size != images.shape[-1]:
-                targets[:, 2:] *= size / images.shape[-1]
+                # a new tensor: crash_context keeps the batch as the loader gave it
+                targets = torch.cat((targets[:, :2], targets[:, 2:] * (size / images.shape[-1])), 1)
                 images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
         last_micro_step = i in windows
 
