@@ -352,14 +352,15 @@ benchmark = Benchmark(args.benchmark, args.batch, args.imgsz, device) if args.be
 # -----------------------------------------------------------------------------------------------
 # One micro-step's pieces, and what a skipped optimizer step does
 def to_device(images, targets, iteration):
-    """pitfall D3: uint8 RGB -> 0..1, last, on the device. --multi-scale: the size is a multiple of 32 and a pure
-    function of (seed, iteration), so all ranks agree (pitfall M4)."""
+    """pitfall D3: uint8 RGB -> 0..1, last, on the device. The targets stay on the host: the loss pads them there
+    and copies them over without a sync (a blocking targets.to(device) waits for the GPU). --multi-scale: the
+    size is a multiple of 32 and a pure function of (seed, iteration), so all ranks agree (pitfall M4)."""
     images = images.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=torch.channels_last)
-    targets = targets.to(device)
     if args.multi_scale:
         size = multi_scale_size(args.imgsz, args.seed, iteration)
         if size != images.shape[-1]:
-            targets[:, 2:] *= size / images.shape[-1]
+            # a new tensor: crash_context keeps the batch as the loader gave it
+            targets = torch.cat((targets[:, :2], targets[:, 2:] * (size / images.shape[-1])), 1)
             images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
     return images, targets
 

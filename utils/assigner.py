@@ -12,7 +12,8 @@ runs it on the CPU and returns the results on the caller's device.
 """
 
 import torch
-from torchvision.ops import complete_box_iou_loss
+
+from utils.boxes import complete_iou_loss
 
 # Stride-8 anchor centres are 8 px apart, so any open interval longer than 8 px holds one: a box side
 # under this may miss every centre and is grown to tiny_box for candidate selection.
@@ -59,26 +60,32 @@ def assign_targets(
             torch.zeros(b, num_anchors, dtype=torch.long, device=home),
         )
 
-    # Candidates: anchor centre strictly inside the (possibly grown) box.
+    # Candidates: anchor centre strictly inside the (possibly grown) box. Every (box, anchor) pair is computed,
+    # padding included, and masked with torch.where: a boolean-mask gather of the valid pairs would make the
+    # host wait for the GPU (its size depends on the data).
     centre, size = (
         (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2,
         gt_boxes[..., 2:] - gt_boxes[..., :2],
     )
     size = torch.where(size < TINY_SIDE, size.clamp(min=tiny_box), size)
-    grown = torch.cat((centre - size / 2, centre + size / 2), -1)
-    deltas = torch.cat((anchors[None, None] - grown[:, :, None, :2], grown[:, :, None, 2:] - anchors[None, None]), -1)
-    in_box = deltas.amin(-1) > 1e-9  # b, n, A
+    grown = torch.cat((centre - size / 2, centre + size / 2), -1)[:, :, None]  # b, n, 1, 4
+    ax, ay = anchors[:, 0], anchors[:, 1]
+    # the smallest of the 4 distances to the sides, as 4 (b, n, A) tensors rather than one (b, n, A, 4)
+    in_box = (
+        torch.min(torch.min(ax - grown[..., 0], ay - grown[..., 1]), torch.min(grown[..., 2] - ax, grown[..., 3] - ay))
+        > 1e-9
+    )  # b, n, A
     valid = in_box & gt_mask.bool()
+    del in_box, grown
 
-    # Alignment metric, only where it can matter (saves the IoU of every far-away pair).
-    overlaps = torch.zeros(b, n, num_anchors, dtype=pred_boxes.dtype, device=pred_boxes.device)
-    box_scores = torch.zeros_like(overlaps)
+    # Alignment metric; 0 outside the candidates.
     batch_index = torch.arange(b, device=gt_labels.device).view(-1, 1).expand(-1, n)
-    box_scores[valid] = pred_scores.transpose(1, 2)[batch_index, gt_labels.squeeze(-1).long()][valid]
-    pairs_pred = pred_boxes.unsqueeze(1).expand(-1, n, -1, -1)[valid]
-    pairs_gt = gt_boxes.unsqueeze(2).expand(-1, -1, num_anchors, -1)[valid]
-    overlaps[valid] = (1 - complete_box_iou_loss(pairs_gt, pairs_pred, reduction="none")).clamp_(0).to(overlaps.dtype)
+    box_scores = pred_scores.transpose(1, 2)[batch_index, gt_labels.squeeze(-1).long()]  # b, n, A
+    box_scores = torch.where(valid, box_scores, 0).to(pred_boxes.dtype)
+    overlaps = 1 - complete_iou_loss(gt_boxes[:, :, None], pred_boxes[:, None])  # b, n, A (pairs by broadcasting)
+    overlaps = torch.where(valid, overlaps.clamp_(0).to(pred_boxes.dtype), 0)
     alignment = box_scores.pow(alpha) * overlaps.pow(beta)
+    del box_scores
 
     # Top-k candidates per box by alignment (ties between equal metrics broken by topk's order).
     k = min(topk, num_anchors)
@@ -86,12 +93,11 @@ def assign_targets(
     in_topk = torch.zeros_like(alignment, dtype=torch.bool).scatter_(-1, topk_index, True)
     positive = (in_topk & valid).to(alignment.dtype)  # b, n, A
 
-    # An anchor claimed by several boxes keeps only the box it overlaps most.
-    claims = positive.sum(1)  # b, A
-    if claims.max() > 1:
-        multi = (claims > 1).unsqueeze(1).expand(-1, n, -1)
-        best = torch.zeros_like(positive).scatter_(1, overlaps.argmax(1, keepdim=True), 1)
-        positive = torch.where(multi, best, positive)
+    # An anchor claimed by several boxes keeps only the box it overlaps most (computed whether or not any
+    # anchor is: asking would be a host sync).
+    multi = (positive.sum(1) > 1).unsqueeze(1)  # b, 1, A
+    best = torch.zeros_like(positive).scatter_(1, overlaps.argmax(1, keepdim=True), 1)
+    positive = torch.where(multi, best, positive)
     foreground = positive.sum(1) > 0
     assigned = positive.argmax(1)  # b, A: index of the box each anchor learns
 

@@ -53,6 +53,29 @@ def boxes_to_distances(boxes, anchors, max_distance):
     return torch.cat((anchors - x1y1, x2y2 - anchors), -1).clamp_(0, max_distance - 0.01)
 
 
+def complete_iou_loss(boxes1, boxes2, eps=1e-7):
+    """torchvision.ops.complete_box_iou_loss(reduction="none") (1 - CIoU), term for term, but the intersection
+    is a torch.where instead of its boolean-mask indexing, which makes the host wait for the GPU twice (forward
+    and backward). xyxy boxes broadcast: (b, n, 1, 4) against (b, 1, A, 4) gives every pair without copying
+    the boxes out to (b, n, A, 4)."""
+    x1, y1, x2, y2 = boxes1.unbind(-1)
+    x1g, y1g, x2g, y2g = boxes2.unbind(-1)
+    xkis1, ykis1, xkis2, ykis2 = torch.max(x1, x1g), torch.max(y1, y1g), torch.min(x2, x2g), torch.min(y2, y2g)
+    intersection = torch.where((ykis2 > ykis1) & (xkis2 > xkis1), (xkis2 - xkis1) * (ykis2 - ykis1), 0)
+    del xkis1, ykis1, xkis2, ykis2  # these are (b, n, A) each in the assigner: freed before the next ones
+    union = (x2 - x1) * (y2 - y1) + (x2g - x1g) * (y2g - y1g) - intersection
+    iou = intersection / (union + eps)
+    del intersection, union
+    diagonal = ((torch.max(x2, x2g) - torch.min(x1, x1g)) ** 2) + ((torch.max(y2, y2g) - torch.min(y1, y1g)) ** 2) + eps
+    centres = (((x2 + x1) / 2 - (x1g + x2g) / 2) ** 2) + (((y2 + y1) / 2 - (y1g + y2g) / 2) ** 2)
+    loss = 1 - iou + (centres / diagonal)
+    del diagonal, centres
+    v = (4 / (torch.pi**2)) * torch.pow((torch.atan((x2g - x1g) / (y2g - y1g)) - torch.atan((x2 - x1) / (y2 - y1))), 2)
+    with torch.no_grad():
+        alpha = v / (1 - iou + v + eps)
+    return loss + alpha * v
+
+
 def resized_side(side, ratio):
     """A side of `side` pixels resized by `ratio`, in whole pixels; a thin strip never becomes 0 px. The one
     rounding rule of letterbox and of scale_boxes_to_original, which must agree to the pixel."""

@@ -21,11 +21,18 @@ class ModelEMA:
         self.updates += 1
         d = self.decay * (1 - math.exp(-self.updates / self.tau))
         weights = unwrap(model).state_dict()
+        floats, float_weights, ints, int_weights = [], [], [], []
         for name, value in self.ema.state_dict().items():
             if value.dtype.is_floating_point:
-                value.mul_(d).add_(weights[name].detach(), alpha=1 - d)
+                floats.append(value)
+                float_weights.append(weights[name].detach())
             else:  # integer buffers (BN's num_batches_tracked) are copied
-                value.copy_(weights[name])
+                ints.append(value)
+                int_weights.append(weights[name])
+        # ema + (1 - d) * (weights - ema): one fused kernel launch for all the tensors, not two per tensor
+        torch._foreach_lerp_(floats, float_weights, 1 - d)
+        if ints:
+            torch._foreach_copy_(ints, int_weights)
 
 
 def unwrap(model):

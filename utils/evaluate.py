@@ -45,7 +45,10 @@ def predict_dataset(model, loader, device, conf=0.001, iou=0.7, max_det=300, hal
         images += len(batch)
         for det, meta in zip(detections, metas):
             det[:, :4] = scale_boxes_to_original(det[:, :4], meta["ratio"], meta["pad"], meta["shape"])
-            results[meta["index"]] = det.cpu().numpy()
+        # one copy to the host per batch, not per image: each one waits for the GPU
+        on_host = torch.cat(detections).cpu().numpy() if detections else np.zeros((0, 6), np.float32)
+        for meta, det in zip(metas, np.split(on_host, np.cumsum([len(d) for d in detections])[:-1])):
+            results[meta["index"]] = det
     speed = dict(zip(("preprocess", "inference", "nms"), (seconds / max(images, 1) * 1000).round(3).tolist()))
     return results, speed
 

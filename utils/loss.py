@@ -16,28 +16,30 @@ import logging
 
 import torch
 import torch.nn.functional as F
-from torchvision.ops import complete_box_iou_loss
 
 from utils.assigner import TINY_SIDE, assign_targets
-from utils.boxes import boxes_to_distances, dfl_decode, distances_to_boxes, make_anchors
+from utils.boxes import boxes_to_distances, complete_iou_loss, dfl_decode, distances_to_boxes, make_anchors
 
 log = logging.getLogger("yolo")
 
 
 def pad_targets(targets, batch_size):
-    """(N, 6) rows of (image index, class, x1, y1, x2, y2) -> padded (b, max boxes, 5) and a mask."""
-    counts = (
-        torch.bincount(targets[:, 0].long(), minlength=batch_size)
-        if len(targets)
-        else torch.zeros(batch_size, dtype=torch.long)
+    """(N, 6) rows of (image index, class, x1, y1, x2, y2) -> padded (b, max boxes, 5) and a mask; each image's
+    boxes in their order in `targets`. One host read (the largest count, which sizes the result): on CPU
+    targets, as the loader gives them, no wait for the GPU at all."""
+    image = targets[:, 0].long()
+    # index_add_ rather than bincount: bincount's CUDA kernel reads the data's min and max back to the host
+    counts = torch.zeros(batch_size, dtype=torch.long, device=targets.device).index_add_(
+        0, image, torch.ones_like(image)
     )
     n = int(counts.max()) if batch_size else 0
+    order = torch.argsort(image, stable=True)
+    image = image[order]
+    slot = torch.arange(len(image), device=targets.device) - (torch.cumsum(counts, 0) - counts)[image]
     padded = torch.zeros(batch_size, n, 5, device=targets.device, dtype=targets.dtype)
     mask = torch.zeros(batch_size, n, 1, device=targets.device, dtype=torch.bool)
-    for i in range(batch_size):
-        rows = targets[targets[:, 0] == i, 1:]
-        padded[i, : len(rows)] = rows
-        mask[i, : len(rows)] = True
+    padded[image, slot] = targets[order, 1:]
+    mask[image, slot] = True
     return padded, mask
 
 
@@ -68,7 +70,10 @@ class DetectionLoss:
         bins = torch.arange(self.reg_max, device=flat.device, dtype=flat.dtype)
         pred_boxes = distances_to_boxes(dfl_decode(pred_distri, bins), anchors)  # grid units
 
-        gt, gt_mask = pad_targets(targets.to(flat.device), b)
+        if targets.device.type != "cpu":
+            targets = targets.cpu()  # the one wait for the GPU: padding needs the largest box count on the host
+        # train.py keeps the targets on the host: padded there, they reach the GPU without a sync
+        gt, gt_mask = (t.to(flat.device, non_blocking=True) for t in pad_targets(targets, b))
         assignment_inputs = (
             pred_logits.detach().sigmoid(),
             pred_boxes.detach() * strides,
@@ -91,28 +96,39 @@ class DetectionLoss:
         score_sum = target_scores.sum().clamp(min=1)
 
         loss_cls = F.binary_cross_entropy_with_logits(pred_logits, target_scores, reduction="none").sum() / score_sum
-        loss_box = loss_dfl = flat.new_zeros(())
-        if fg.any():
-            weight = target_scores.sum(-1)[fg]
-            target_grid = target_boxes / strides  # to grid units, like the predictions
-            iou_loss = complete_box_iou_loss(pred_boxes[fg], target_grid[fg], reduction="none")
-            loss_box = (iou_loss * weight).sum() / score_sum
-            target_distances = boxes_to_distances(target_grid, anchors, self.reg_max - 1)[fg]
-            loss_dfl = (
-                self.distribution_focal_loss(pred_distri[fg].view(-1, self.reg_max), target_distances.view(-1))
-                .view(-1, 4)
-                .mean(1)
-                * weight
-            ).sum() / score_sum
+        # Box and DFL terms on the foreground anchors, gathered without asking how many there are (fg.any() or
+        # pred_boxes[fg] would make the host wait for the GPU): an image has at most n * topk of them (each box
+        # claims at most topk anchors, each anchor learns one box), so its first n * topk anchors in fg order
+        # hold them all; the background ones among them weigh 0.
+        k = min(fg.shape[1], gt.shape[1] * self.topk)
+        index = fg.float().topk(k, 1).indices  # b, k
+
+        def take(t):  # (b, A, c) -> (b, k, c)
+            return t.gather(1, index.unsqueeze(-1).expand(-1, -1, t.shape[-1]))
+
+        weight = (target_scores.sum(-1) * fg).gather(1, index)
+        fg = fg.gather(1, index).unsqueeze(-1)
+        target_grid = take(target_boxes / strides)  # to grid units, like the predictions
+        # A background anchor's target is whatever box index 0 holds, maybe an all-zero padding box whose CIoU
+        # is 0/0: unit boxes there keep the forward finite, and hence the (zero) gradient free of NaN.
+        unit = flat.new_zeros(4)
+        unit[2:] = 1  # not new_tensor([0, 0, 1, 1]): a blocking copy from the host, a sync too
+        iou_loss = complete_iou_loss(torch.where(fg, take(pred_boxes), unit), torch.where(fg, target_grid, unit))
+        loss_box = (iou_loss * weight).sum() / score_sum
+        target_distances = boxes_to_distances(target_grid, anchors[index], self.reg_max - 1)  # finite, clamped
+        dfl = self.distribution_focal_loss(take(pred_distri).view(-1, self.reg_max), target_distances.view(-1))
+        loss_dfl = (dfl.view(b, -1, 4).mean(-1) * weight).sum() / score_sum
         parts = torch.stack((loss_box * self.gains[0], loss_cls * self.gains[1], loss_dfl * self.gains[2]))
         return parts.sum() * b, parts.detach()
 
     @staticmethod
     def distribution_focal_loss(logits, target):
-        """Cross-entropy against the two bins around a continuous target, weighted by closeness."""
+        """Cross-entropy against the two bins around a continuous target, weighted by closeness (one
+        log-softmax for both bins: F.cross_entropy twice would compute it twice)."""
         left = target.long().clamp_(max=logits.shape[-1] - 2)  # the right bin must exist, whatever the rounding
         weight_right = target - left
+        log_probs = logits.log_softmax(-1)
         return (
-            F.cross_entropy(logits, left, reduction="none") * (1 - weight_right)
-            + F.cross_entropy(logits, left + 1, reduction="none") * weight_right
+            -log_probs.gather(-1, left[:, None]).squeeze(-1) * (1 - weight_right)
+            + -log_probs.gather(-1, left[:, None] + 1).squeeze(-1) * weight_right
         )

@@ -102,7 +102,10 @@ def optimizer_step(model, optimizer, scaler, max_norm):
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     finite = bool(torch.isfinite(norm))  # the one host sync of an optimizer step
     if finite:
-        scaler.step(optimizer)
+        # not scaler.step(optimizer): with fp16 it reads unscale_'s found-inf flag back (a second sync), whose
+        # answer a finite norm already gives (every gradient finite); scaler.update() still reads the flag on
+        # the device to grow or keep the loss scale
+        optimizer.step()
     scaler.update()  # fp16: a non-finite step halves the loss scale
     optimizer.zero_grad(set_to_none=True)
     return finite
