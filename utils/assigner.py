@@ -60,23 +60,9 @@ def assign_targets(
             torch.zeros(b, num_anchors, dtype=torch.long, device=home),
         )
 
-    # Candidates: anchor centre strictly inside the (possibly grown) box. Every (box, anchor) pair is computed,
-    # padding included, and masked with torch.where: a boolean-mask gather of the valid pairs would make the
-    # host wait for the GPU (its size depends on the data).
-    centre, size = (
-        (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2,
-        gt_boxes[..., 2:] - gt_boxes[..., :2],
-    )
-    size = torch.where(size < TINY_SIDE, size.clamp(min=tiny_box), size)
-    grown = torch.cat((centre - size / 2, centre + size / 2), -1)[:, :, None]  # b, n, 1, 4
-    ax, ay = anchors[:, 0], anchors[:, 1]
-    # the smallest of the 4 distances to the sides, as 4 (b, n, A) tensors rather than one (b, n, A, 4)
-    in_box = (
-        torch.min(torch.min(ax - grown[..., 0], ay - grown[..., 1]), torch.min(grown[..., 2] - ax, grown[..., 3] - ay))
-        > 1e-9
-    )  # b, n, A
-    valid = in_box & gt_mask.bool()
-    del in_box, grown
+    # Every (box, anchor) pair is computed, padding included, and masked with torch.where: a boolean-mask gather
+    # of the valid pairs would make the host wait for the GPU (its size depends on the data).
+    valid = candidates(anchors, gt_boxes, gt_mask, tiny_box)  # b, n, A
 
     # Alignment metric; 0 outside the candidates.
     batch_index = torch.arange(b, device=gt_labels.device).view(-1, 1).expand(-1, n)
@@ -98,13 +84,34 @@ def assign_targets(
     multi = (positive.sum(1) > 1).unsqueeze(1)  # b, 1, A
     best = torch.zeros_like(positive).scatter_(1, overlaps.argmax(1, keepdim=True), 1)
     positive = torch.where(multi, best, positive)
+    return tuple(t.to(home) for t in soft_targets(gt_labels, gt_boxes, positive, alignment, overlaps, nc))
+
+
+def candidates(anchors, gt_boxes, gt_mask, tiny_box):
+    """(b, n, A) bool: the anchor centre lies strictly inside the box (a tiny one grown to tiny_box), for real
+    boxes only."""
+    centre, size = (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2, gt_boxes[..., 2:] - gt_boxes[..., :2]
+    size = torch.where(size < TINY_SIDE, size.clamp(min=tiny_box), size)
+    grown = torch.cat((centre - size / 2, centre + size / 2), -1)[:, :, None]  # b, n, 1, 4
+    ax, ay = anchors[:, 0], anchors[:, 1]
+    # the smallest of the 4 distances to the sides, as 4 (b, n, A) tensors rather than one (b, n, A, 4)
+    inside = torch.min(
+        torch.min(ax - grown[..., 0], ay - grown[..., 1]), torch.min(grown[..., 2] - ax, grown[..., 3] - ay)
+    )
+    return (inside > 1e-9) & gt_mask.bool()
+
+
+def soft_targets(gt_labels, gt_boxes, positive, alignment, overlaps, nc):
+    """Per anchor: the box it learns, its class target (one-hot scaled so that the best anchor of each box is
+    asked for its IoU and the others less, with their alignment), whether it is foreground, and the box index."""
+    b, n, num_anchors = positive.shape
     foreground = positive.sum(1) > 0
     assigned = positive.argmax(1)  # b, A: index of the box each anchor learns
 
     flat = assigned + torch.arange(b, device=assigned.device)[:, None] * n
     target_labels = gt_labels.long().flatten()[flat].clamp_(0)
     target_boxes = gt_boxes.view(-1, 4)[flat]
-    target_scores = torch.zeros(b, num_anchors, nc, dtype=pred_scores.dtype, device=pred_scores.device)
+    target_scores = torch.zeros(b, num_anchors, nc, dtype=alignment.dtype, device=alignment.device)
     target_scores.scatter_(2, target_labels.unsqueeze(-1), 1)
     target_scores *= foreground.unsqueeze(-1)
 
@@ -114,4 +121,4 @@ def assign_targets(
     best_overlap = (overlaps * positive).amax(-1, keepdim=True)
     norm = (alignment * best_overlap / (best_alignment + 1e-9)).amax(1).unsqueeze(-1)
     target_scores *= norm
-    return target_boxes.to(home), target_scores.to(home), foreground.to(home), assigned.to(home)
+    return target_boxes, target_scores, foreground, assigned
