@@ -197,13 +197,7 @@ def plot_labels(records, names, path):
     training do. Four panels: instances per class, box centres, box widths and heights, and a few
     hundred boxes drawn at their real aspect around one centre. records: load_verified's list, whose
     rows are [cls, x1, y1, x2, y2] corners normalised to 0..1 (not YOLO's cx cy w h)."""
-    labels, sizes = [np.zeros((0, 5))], [np.zeros((0, 2))]
-    for r in records:
-        rows = to_numpy(r.get("labels", []), 5)
-        h, w = r.get("shape", (1, 1))
-        labels.append(rows)
-        sizes.append(np.tile([w, h], (len(rows), 1)))
-    labels, sizes = np.concatenate(labels), np.concatenate(sizes).astype(np.float64)
+    labels, sizes = label_rows(records)
     classes = labels[:, 0].astype(int)
     x1, y1, x2, y2 = labels[:, 1:].T
     cx, cy, bw, bh = (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1
@@ -241,24 +235,37 @@ def plot_labels(records, names, path):
             title=title,
         )
         ax.set_aspect("equal")
-    ax = axes[1, 1]
-    pick = np.random.default_rng(0).permutation(len(labels))[:500]
-    long_side = sizes.max(1, initial=1)
-    for i in pick:  # in pixels relative to the image's long side, so a box keeps its true shape
-        bw_i, bh_i = bw[i] * sizes[i, 0] / long_side[i], bh[i] * sizes[i, 1] / long_side[i]
-        ax.add_patch(
-            Rectangle(
-                (0.5 - bw_i / 2, 0.5 - bh_i / 2), bw_i, bh_i, fill=False, lw=0.6, alpha=0.5, edgecolor=rgb01(classes[i])
-            )
-        )
-    if not len(pick):
-        ax.text(0.5, 0.5, "no boxes", ha="center", va="center")
-    ax.set(xlim=(0, 1), ylim=(1, 0), title=f"{len(pick)} boxes at their real aspect")
-    ax.set_aspect("equal")
+    draw_box_shapes(axes[1, 1], bw, bh, sizes, classes)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     return path
+
+
+def label_rows(records):
+    """All label rows [cls, x1, y1, x2, y2] (normalised) of the records, and each row's image (width, height)."""
+    labels, sizes = [np.zeros((0, 5))], [np.zeros((0, 2))]
+    for r in records:
+        rows = to_numpy(r.get("labels", []), 5)
+        h, w = r.get("shape", (1, 1))
+        labels.append(rows)
+        sizes.append(np.tile([w, h], (len(rows), 1)))
+    return np.concatenate(labels), np.concatenate(sizes).astype(np.float64)
+
+
+def draw_box_shapes(ax, bw, bh, sizes, classes, n=500):
+    """Up to n boxes drawn around one centre, in pixels relative to their image's long side, so that each keeps
+    its true shape."""
+    pick = np.random.default_rng(0).permutation(len(bw))[:n]
+    long_side = sizes.max(1, initial=1)
+    for i in pick:
+        bw_i, bh_i = bw[i] * sizes[i, 0] / long_side[i], bh[i] * sizes[i, 1] / long_side[i]
+        corner = (0.5 - bw_i / 2, 0.5 - bh_i / 2)
+        ax.add_patch(Rectangle(corner, bw_i, bh_i, fill=False, lw=0.6, alpha=0.5, edgecolor=rgb01(classes[i])))
+    if not len(pick):
+        ax.text(0.5, 0.5, "no boxes", ha="center", va="center")
+    ax.set(xlim=(0, 1), ylim=(1, 0), title=f"{len(pick)} boxes at their real aspect")
+    ax.set_aspect("equal")
 
 
 def plot_confidence_curves(curves, names, out_dir):

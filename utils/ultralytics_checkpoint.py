@@ -59,6 +59,24 @@ def _describe(obj):
     return stub_name(obj) or type(obj).__name__
 
 
+def our_weights(family, layers, model):
+    """Their layers' tensors under our names, fp32; ValueError for what our modules would compute otherwise."""
+    weights = {}
+    for index, name in LAYER_NAMES[family].items():
+        for key, tensor in module_tensors(layers[index]).items():
+            if name == "head" and key.startswith("dfl."):
+                if key == "dfl.conv.weight" and not torch.equal(tensor.float().flatten(), torch.arange(16.0)):
+                    raise ValueError("has a head whose DFL weights are not 0..15; such a head is not YOLOv8/YOLO11")
+                continue  # our head decodes with a fixed 0..15 ramp: the same numbers
+            if name == "head":
+                key = key.replace("cv2.", "box.", 1).replace("cv3.", "cls.", 1)
+            weights[f"{name}.{key}"] = tensor.float() if tensor.is_floating_point() else tensor
+    eps = {layer.state.get("eps") for _, layer in named_modules(model) if type(layer)._name == "BatchNorm2d"}
+    if eps - {1e-3}:
+        raise ValueError(f"has BatchNorm eps {sorted(eps)}; YOLOv8/YOLO11 use 0.001")
+    return weights
+
+
 def convert_ultralytics(path):
     """The contents of our checkpoint (scale, nc, names, imgsz, fp32 weights under our names, source) from an
     Ultralytics .pt file. Anything else: ValueError whose message says what the file is, to follow its path."""
@@ -88,21 +106,7 @@ def convert_ultralytics(path):
             f"is an Ultralytics {kind} whose layers ({shown or 'none'}) are neither YOLOv8 nor YOLO11 "
             "(YOLOv5u, YOLOv9, YOLOv10 and YOLO26 files are not read)",
         )
-
-    weights = {}
-    for index, name in LAYER_NAMES[family].items():
-        for key, tensor in module_tensors(layers[index]).items():
-            if name == "head" and key.startswith("dfl."):
-                if key == "dfl.conv.weight" and not torch.equal(tensor.float().flatten(), torch.arange(16.0)):
-                    raise ValueError("has a head whose DFL weights are not 0..15; such a head is not YOLOv8/YOLO11")
-                continue  # our head decodes with a fixed 0..15 ramp: the same numbers
-            if name == "head":
-                key = key.replace("cv2.", "box.", 1).replace("cv3.", "cls.", 1)
-            weights[f"{name}.{key}"] = tensor.float() if tensor.is_floating_point() else tensor
-    eps = {layer.state.get("eps") for _, layer in named_modules(model) if type(layer)._name == "BatchNorm2d"}
-    if eps - {1e-3}:
-        raise ValueError(f"has BatchNorm eps {sorted(eps)}; YOLOv8/YOLO11 use 0.001")
-
+    weights = our_weights(family, layers, model)
     cls_bias = weights["head.cls.0.2.bias"]
     nc = cls_bias.numel()
     names = model.state.get("names")
