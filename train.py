@@ -37,24 +37,21 @@ from utils.checkpoint import (
     set_rng_states,
 )
 from utils.data import (
-    DatasetError,
     EpochBatchSampler,
     TrainDataset,
     ValDataset,
-    apply_dataset_defaults,
     fix_cv2_and_file_limits,
-    load_dataset_yaml,
-    load_verified,
     make_loader,
     multi_scale_max,
     multi_scale_size,
-    single_class,
 )
+from utils.dataset_yaml import DatasetError, load_dataset_yaml
 from utils.distributed import amp_dtype_for, any_rank, barrier, realign_ddp, setup_distributed, wrap_ddp
 from utils.ema import ModelEMA, unwrap
 from utils.evaluate import evaluate, format_table
 from utils.general import (
     abort_run,
+    apply_dataset_defaults,
     explicit_flags,
     install_crash_handler,
     next_run_dir,
@@ -62,6 +59,7 @@ from utils.general import (
     setup_logging,
     start_results_csv,
 )
+from utils.labels import load_verified, single_class
 from utils.loss import DetectionLoss
 from utils.optim import accumulation_windows, build_optimizer, load_optimizer_state, optimizer_step, set_learning_rate
 from utils.plots import in_background, plot_batch, plot_evaluation, plot_labels, plot_results

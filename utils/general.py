@@ -1,4 +1,5 @@
-"""Small helpers the scripts share: logging, run folders, atomic writes, seeds, crash reports.
+"""Small helpers the scripts share: logging, command-line settings (flags given, a dataset's defaults), run
+folders, atomic writes, seeds, crash reports.
 
 numpy and torch are imported inside the functions that use them: sweep.py imports this module and
 must start in a fraction of a second, without torch.
@@ -16,6 +17,8 @@ import traceback
 from pathlib import Path
 
 import yaml
+
+from utils.dataset_yaml import DatasetError
 
 
 def setup_logging(log_file=None, rank=0):
@@ -43,6 +46,23 @@ def explicit_flags(parser, argv):
             if any(a == option or a.startswith(option + "=") for a in argv):
                 given.add(action.dest)
     return given
+
+
+def apply_dataset_defaults(args, parser, data, given_flags):
+    """Set the settings a dataset yaml recommends under `defaults:` (shapes.yaml does) on `args`, except
+    those given as flags: a flag written on the command line wins. Values take the type of the flag."""
+    for key, value in data["defaults"].items():
+        if not hasattr(args, key):
+            raise DatasetError(f"{data['yaml']}: key 'defaults' names '{key}', which is not a train.py setting")
+        if key in given_flags:
+            continue
+        default = parser.get_default(key)
+        try:
+            setattr(args, key, value if default is None or isinstance(default, bool) else type(default)(value))
+        except (TypeError, ValueError):  # "many" or [7] for an int
+            raise DatasetError(
+                f"{data['yaml']}: key 'defaults' sets '{key}' to {value!r}, which is not a {type(default).__name__}"
+            ) from None
 
 
 def start_results_csv(path, columns, resumed_epoch=None):
