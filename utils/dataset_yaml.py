@@ -24,6 +24,29 @@ def load_dataset_yaml(path):
     path = Path(path)
     if not path.exists() and not path.is_absolute() and (Path(__file__).parents[1] / "data" / path).exists():
         path = Path(__file__).parents[1] / "data" / path  # `--data coco.yaml` finds data/coco.yaml
+    cfg = _read_yaml(path)
+    names = _class_names(cfg, path)
+    root = _dataset_root(cfg, path)
+    defaults = cfg.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise DatasetError(f"{path}: key 'defaults' must be a mapping of train.py settings to values")
+    out = {"root": root, "names": names, "nc": len(names), "yaml": path, "coco_json": None, "defaults": defaults}
+    for key in ("train", "val", "test"):
+        out[key] = _split_sources(cfg, key, root, path)
+    if cfg.get("coco_json"):
+        p = Path(cfg["coco_json"])
+        p = p if p.is_absolute() else root / p
+        if p.exists():
+            out["coco_json"] = p
+        else:  # training still works; only the mAP is then computed from the YOLO labels, not the official json
+            log.warning(
+                f"{path}: key 'coco_json' names {p}, which does not exist; mAP will be computed from the YOLO labels"
+            )
+    return out
+
+
+def _read_yaml(path):
+    """The yaml's mapping, once it names train and val images."""
     if not path.is_file():
         raise DatasetError(f"dataset yaml {path} does not exist")
     try:
@@ -37,6 +60,11 @@ def load_dataset_yaml(path):
             raise DatasetError(
                 f"{path}: key '{key}' is missing (it names the {key} images: a folder, a .txt list, or a list of these)"
             )
+    return cfg
+
+
+def _class_names(cfg, path):
+    """`names` as a list of strings, from a list, a dict of index to name, or (without names) `nc`."""
     names = cfg.get("names")
     if isinstance(names, dict):
         try:  # keys may have been quoted ('0': person); what matters is that they are 0..n-1
@@ -58,7 +86,11 @@ def load_dataset_yaml(path):
     names = [str(n) for n in names]
     if "nc" in cfg and cfg["nc"] != len(names):
         raise DatasetError(f"{path}: key 'nc' is {cfg['nc']} but key 'names' lists {len(names)} classes")
+    return names
 
+
+def _dataset_root(cfg, path):
+    """The folder `path:` names (generating the built-in shapes set there on first use)."""
     root = Path(cfg.get("path") or ".")
     if not root.is_absolute():
         # `path` is relative to the yaml's folder. Fall back to where YOLOv5 (the working directory)
@@ -75,42 +107,28 @@ def load_dataset_yaml(path):
             f"{path}: key 'path' names {root}, which does not exist (a relative path is read from the yaml's "
             f"folder {path.parent.resolve()}, then from the working directory)"
         )
+    return root
 
-    defaults = cfg.get("defaults") or {}
-    if not isinstance(defaults, dict):
-        raise DatasetError(f"{path}: key 'defaults' must be a mapping of train.py settings to values")
-    out = {"root": root, "names": names, "nc": len(names), "yaml": path, "coco_json": None, "defaults": defaults}
-    for key in ("train", "val", "test"):
-        value = cfg.get(key)
-        if not value:
-            out[key] = []
-            continue
-        sources = []
-        for item in value if isinstance(value, list) else [value]:
-            if not isinstance(item, str):
-                raise DatasetError(
-                    f"{path}: key '{key}' must be a folder, a .txt list or a list of these, got {item!r}"
-                )
-            p = Path(item)
-            if not p.is_absolute():
-                # Old YOLOv5 yamls have no `path` and name folders from the working directory
-                # (`train: ../coco128/images/train2017`): try there too before giving up.
-                tried = [root / p] + ([Path(item).resolve()] if not cfg.get("path") else [])
-                p = next((c for c in tried if c.exists()), tried[0])
-            if not p.exists():
-                if key == "test":  # optional and often not downloaded (COCO test-dev): only val.py --task test needs it
-                    log.warning(f"{path}: key 'test' names {p}, which does not exist; the test split is not available")
-                    continue
-                raise DatasetError(f"{path}: key '{key}' names {p}, which does not exist")
-            sources.append(p)
-        out[key] = sources
-    if cfg.get("coco_json"):
-        p = Path(cfg["coco_json"])
-        p = p if p.is_absolute() else root / p
-        if p.exists():
-            out["coco_json"] = p
-        else:  # training still works; only the mAP is then computed from the YOLO labels, not the official json
-            log.warning(
-                f"{path}: key 'coco_json' names {p}, which does not exist; mAP will be computed from the YOLO labels"
-            )
-    return out
+
+def _split_sources(cfg, key, root, path):
+    """The folders and .txt lists of one split, resolved; [] for a split the yaml leaves out."""
+    value = cfg.get(key)
+    if not value:
+        return []
+    sources = []
+    for item in value if isinstance(value, list) else [value]:
+        if not isinstance(item, str):
+            raise DatasetError(f"{path}: key '{key}' must be a folder, a .txt list or a list of these, got {item!r}")
+        p = Path(item)
+        if not p.is_absolute():
+            # Old YOLOv5 yamls have no `path` and name folders from the working directory
+            # (`train: ../coco128/images/train2017`): try there too before giving up.
+            tried = [root / p] + ([Path(item).resolve()] if not cfg.get("path") else [])
+            p = next((c for c in tried if c.exists()), tried[0])
+        if not p.exists():
+            if key == "test":  # optional and often not downloaded (COCO test-dev): only val.py --task test needs it
+                log.warning(f"{path}: key 'test' names {p}, which does not exist; the test split is not available")
+                continue
+            raise DatasetError(f"{path}: key '{key}' names {p}, which does not exist")
+        sources.append(p)
+    return sources

@@ -67,8 +67,12 @@ def label_path(image_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Verification and the label cache
+# Verification
 # ---------------------------------------------------------------------------------------------
+
+
+class _Corrupt(Exception):
+    """Raised by verify_one's helpers for a file it excludes; the message is the reason."""
 
 
 def jpeg_is_complete(path):
@@ -111,78 +115,92 @@ def verify_one(image_path, nc):
     try:
         if not os.path.exists(image_path):
             return "missing", None, "image not found"
-        if os.path.getsize(image_path) == 0:
-            return "corrupt", None, "image file is empty (0 bytes)"
-        with open(image_path, "rb") as f:
-            magic = f.read(8)
-        if magic[:3] == b"\xff\xd8\xff" and not jpeg_is_complete(image_path):  # by content: suffixes lie
-            return "corrupt", None, "truncated JPEG (no end-of-image marker)"
-        if magic == b"\x89PNG\r\n\x1a\n" and not png_is_complete(image_path):
-            return "corrupt", None, "truncated PNG (no IEND chunk)"
-        shape = header_shape(image_path)  # the cheap check first: a header, plus the end markers above
-        if shape is None:
-            img = cv2.imread(image_path, cv2.IMREAD_COLOR)  # applies the EXIF orientation, as training will
-            if img is None:
-                return "corrupt", None, "not a readable image (cannot be decoded)"
-            shape = img.shape[:2]
-        h, w = shape
-        if h < 10 or w < 10:
-            return "corrupt", None, f"image is only {w}x{h} pixels"
+        h, w = _image_shape(image_path)
         if not os.path.exists(lp):
             return "background", {"im": image_path, "shape": [h, w], "labels": []}, ""
-        rows, duplicates, seen = [], 0, set()
-        with open(lp, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
-                parts = line.split()
-                if not parts:
-                    continue
-                where = f"label {lp} line {line_no}"
-                try:
-                    values = [float(v) for v in parts]
-                except ValueError:
-                    return "corrupt", None, f"{where}: not numbers: {line.strip()[:60]!r}"
-                if not all(np.isfinite(values)):
-                    return "corrupt", None, f"{where}: a value is not finite"
-                if len(values) > 5 and len(values) % 2 == 1:  # a polygon (segment) row: keep its box
-                    xs, ys = values[1::2], values[2::2]
-                    values = [
-                        values[0],
-                        (min(xs) + max(xs)) / 2,
-                        (min(ys) + max(ys)) / 2,
-                        max(xs) - min(xs),
-                        max(ys) - min(ys),
-                    ]
-                if len(values) != 5:
-                    return "corrupt", None, f"{where}: expected 5 values (class cx cy w h), got {len(values)}"
-                cls, cx, cy, bw, bh = values
-                if cls != int(cls) or not 0 <= cls < nc:
-                    return "corrupt", None, f"{where}: class {parts[0]} is not an integer in 0..{nc - 1}"
-                if bw <= 0 or bh <= 0:
-                    return "corrupt", None, f"{where}: box has zero or negative size"
-                x1, y1, x2, y2 = cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2
-                if min(x1, y1) < -COORD_TOLERANCE or max(x2, y2) > 1 + COORD_TOLERANCE:
-                    return (
-                        "corrupt",
-                        None,
-                        f"{where}: box is outside the image (coordinates must be normalised to 0..1)",
-                    )
-                x1, y1, x2, y2 = (min(max(v, 0.0), 1.0) for v in (x1, y1, x2, y2))  # just outside: clip
-                key = (int(cls), round(x1, 6), round(y1, 6), round(x2, 6), round(y2, 6))
-                if key in seen:
-                    duplicates += 1
-                    continue
-                seen.add(key)
-                rows.append([int(cls), x1, y1, x2, y2])
+        rows, duplicates = _label_rows(lp, nc)
         note = f"{duplicates} duplicate label rows removed" if duplicates else ""
         return (
             ("labelled" if rows else "empty"),
             {"im": image_path, "shape": [h, w], "labels": rows, "dup": duplicates},
             note,
         )
+    except _Corrupt as e:
+        return "corrupt", None, str(e)
     except UnicodeDecodeError:
         return "corrupt", None, f"label {lp} is not a text file"
     except (OSError, cv2.error) as e:
         return "corrupt", None, f"cannot be read ({e})"
+
+
+def _image_shape(image_path):
+    """(h, w) of an image training can use, checked the cheap way first: its end markers and its header."""
+    if os.path.getsize(image_path) == 0:
+        raise _Corrupt("image file is empty (0 bytes)")
+    with open(image_path, "rb") as f:
+        magic = f.read(8)
+    if magic[:3] == b"\xff\xd8\xff" and not jpeg_is_complete(image_path):  # by content: suffixes lie
+        raise _Corrupt("truncated JPEG (no end-of-image marker)")
+    if magic == b"\x89PNG\r\n\x1a\n" and not png_is_complete(image_path):
+        raise _Corrupt("truncated PNG (no IEND chunk)")
+    shape = header_shape(image_path)
+    if shape is None:
+        img = cv2.imread(image_path, cv2.IMREAD_COLOR)  # applies the EXIF orientation, as training will
+        if img is None:
+            raise _Corrupt("not a readable image (cannot be decoded)")
+        shape = img.shape[:2]
+    h, w = shape
+    if h < 10 or w < 10:
+        raise _Corrupt(f"image is only {w}x{h} pixels")
+    return h, w
+
+
+def _label_rows(lp, nc):
+    """The label file's boxes as [cls, x1, y1, x2, y2] rows, duplicates dropped, and how many were dropped."""
+    rows, duplicates, seen = [], 0, set()
+    with open(lp, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.split():
+                continue
+            row = _label_row(line, nc, f"label {lp} line {line_no}")
+            key = (row[0], *(round(v, 6) for v in row[1:]))
+            if key in seen:
+                duplicates += 1
+                continue
+            seen.add(key)
+            rows.append(row)
+    return rows, duplicates
+
+
+def _label_row(line, nc, where):
+    """One line (class cx cy w h, or a polygon) as [cls, x1, y1, x2, y2], normalised and clipped to 0..1."""
+    parts = line.split()
+    try:
+        values = [float(v) for v in parts]
+    except ValueError:
+        raise _Corrupt(f"{where}: not numbers: {line.strip()[:60]!r}") from None
+    if not all(np.isfinite(values)):
+        raise _Corrupt(f"{where}: a value is not finite")
+    if len(values) > 5 and len(values) % 2 == 1:  # a polygon (segment) row: keep its box
+        xs, ys = values[1::2], values[2::2]
+        values = [values[0], (min(xs) + max(xs)) / 2, (min(ys) + max(ys)) / 2, max(xs) - min(xs), max(ys) - min(ys)]
+    if len(values) != 5:
+        raise _Corrupt(f"{where}: expected 5 values (class cx cy w h), got {len(values)}")
+    cls, cx, cy, bw, bh = values
+    if cls != int(cls) or not 0 <= cls < nc:
+        raise _Corrupt(f"{where}: class {parts[0]} is not an integer in 0..{nc - 1}")
+    if bw <= 0 or bh <= 0:
+        raise _Corrupt(f"{where}: box has zero or negative size")
+    x1, y1, x2, y2 = cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2
+    if min(x1, y1) < -COORD_TOLERANCE or max(x2, y2) > 1 + COORD_TOLERANCE:
+        raise _Corrupt(f"{where}: box is outside the image (coordinates must be normalised to 0..1)")
+    x1, y1, x2, y2 = (min(max(v, 0.0), 1.0) for v in (x1, y1, x2, y2))  # just outside: clip
+    return [int(cls), x1, y1, x2, y2]
+
+
+# ---------------------------------------------------------------------------------------------
+# The label cache
+# ---------------------------------------------------------------------------------------------
 
 
 def files_fingerprint(image_files):
@@ -249,11 +267,25 @@ def load_verified(sources, nc, split_name="", workers=None):
             print_verification_totals(meta["totals"], split_name, log_path, meta["problems"], cached=True)
             return records
 
+    workers = workers or max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    records, totals, problems = _verify_all(image_files, nc, split_name, workers)
+    meta = {"version": CACHE_VERSION, "fingerprint": fingerprint, "nc": nc, "totals": totals, "problems": problems}
+    written = _write_cache(locations, records, meta, split_name)
+    print_verification_totals(totals, split_name, written, problems, cached=False)
+    if not records:
+        raise DatasetError(
+            f"none of the {len(image_files)} {split_name} images is usable"
+            + (f" (reasons in {written})" if written else f" (e.g. {problems[0]})")
+        )
+    return records
+
+
+def _verify_all(image_files, nc, split_name, workers):
+    """verify_one on every file: (Records of the usable ones, totals by status, one line per problem)."""
     totals = dict.fromkeys(("found", "labelled", "background", "empty", "missing", "corrupt", "duplicates"), 0)
     records, problems = [], []
     # Header and label parsing is Python, held by the GIL: a large set is spread over processes, one per
     # core this process may use (~8 s for COCO's 118k images on 8 cores); a small one runs in threads.
-    workers = workers or max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     processes = len(image_files) >= VERIFY_IN_PROCESSES_FROM and workers > 1
     pool = multiprocessing.get_context("fork").Pool(workers) if processes else ThreadPoolExecutor(workers)
     with pool:
@@ -269,36 +301,31 @@ def load_verified(sources, nc, split_name="", workers=None):
                 records.append(record)
             if note:  # one line per file: status, path, reason (fixed = kept after a repair in memory)
                 problems.append(f"{status if record is None else 'fixed'}\t{image_path}\t{note}")
-    records = Records.from_dicts(records)
-    meta = {"version": CACHE_VERSION, "fingerprint": fingerprint, "nc": nc, "totals": totals, "problems": problems}
-    written, error = None, None
+    return Records.from_dicts(records), totals, problems
+
+
+def _write_cache(locations, records, meta, split_name):
+    """Write the cache and the problem log at the first of `locations` that takes them; returns that log's
+    path, or None where none could be written (then the split is verified again next time)."""
+    error = None
     for i, (cache_path, log_path) in enumerate(locations):
         try:
             if i:  # our own cache folder may not exist yet; the user's folders are never created
                 cache_path.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(log_path, "".join(p + "\n" for p in problems))
+            write_text_atomic(log_path, "".join(p + "\n" for p in meta["problems"]))
             atomic_write(cache_path, lambda f: records.save(f, meta))
-            written = log_path
             if i:
                 log.warning(
                     f"{split_name}: cannot write the label cache next to the labels ({error}); "
                     f"it is in {cache_path.parent}"
                 )
-            break
+            return log_path
         except OSError as e:
             error = e
-    if written is None:  # nowhere writable: still works, verifies again next time
-        log.warning(
-            f"{split_name}: cannot write the label cache {locations[0][0]} ({error}); "
-            "verification will run again next time"
-        )
-    print_verification_totals(totals, split_name, written, problems, cached=False)
-    if not records:
-        raise DatasetError(
-            f"none of the {len(image_files)} {split_name} images is usable"
-            + (f" (reasons in {written})" if written else f" (e.g. {problems[0]})")
-        )
-    return records
+    log.warning(
+        f"{split_name}: cannot write the label cache {locations[0][0]} ({error}); verification will run again next time"
+    )
+    return None
 
 
 def single_class(records):
