@@ -12,7 +12,6 @@ Hyperparameters live in the HYP table below; every entry is also a flag (--lr0 0
 import argparse
 import contextlib
 import json
-import os
 import signal
 import sys
 import time
@@ -46,12 +45,13 @@ from utils.data import (
     multi_scale_size,
 )
 from utils.dataset_yaml import DatasetError, load_dataset_yaml
-from utils.distributed import amp_dtype_for, any_rank, barrier, realign_ddp, setup_distributed, wrap_ddp
+from utils.distributed import amp_dtype_for, any_rank, barrier, node_share, realign_ddp, setup_distributed, wrap_ddp
 from utils.ema import ModelEMA, unwrap
 from utils.evaluate import evaluate, format_table
 from utils.general import (
     abort_run,
     apply_dataset_defaults,
+    default_workers,
     explicit_flags,
     install_crash_handler,
     next_run_dir,
@@ -59,6 +59,7 @@ from utils.general import (
     setup_logging,
     start_results_csv,
 )
+from utils.images import cache_images
 from utils.labels import load_verified, single_class
 from utils.loss import DetectionLoss
 from utils.optim import accumulation_windows, build_optimizer, load_optimizer_state, optimizer_step, set_learning_rate
@@ -200,8 +201,9 @@ if checkpoint is not None:
         args.batch = saved_batch // checkpoint.get("world_size", world_size) * world_size
     if args.accumulate and args.batch != saved_batch:
         args.accumulate = max(1, round(args.accumulate * saved_batch / args.batch))
+node = node_share(local_rank, world_size)  # this machine's processes: they share its cores and the RAM cache
 if args.workers is None:  # every core feeds the GPUs: the processes of this node share them
-    args.workers = min(8, max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
+    args.workers = default_workers(node.local_world_size, most=8)
 seed_everything(args.seed + rank, args.deterministic)  # per-rank seeds; the data's randomness is per sample
 if is_main:
     run_dir = Path(args.out) if args.out else next_run_dir("runs/train/exp")
@@ -223,8 +225,8 @@ try:
     if not is_main:
         barrier(world_size, flags_group)
     data = load_dataset_yaml(args.data)
-    train_records = load_verified(data["train"], data["nc"], "train")
-    val_records = load_verified(data["val"], data["nc"], "val")
+    train_records = load_verified(data["train"], data["nc"], "train", default_workers(node.local_world_size))
+    val_records = load_verified(data["val"], data["nc"], "val", default_workers(node.local_world_size))
     if is_main:
         barrier(world_size, flags_group)
     if checkpoint is None:  # a resumed run keeps the settings it started with
@@ -325,20 +327,23 @@ if world_size > 1:
 if args.compile:  # after DDP: torch's DDP optimizer then splits the graph at the gradient buckets
     model = torch.compile(model)
 
+# every rank calls it (collectives); the processes of a machine map one copy
+train_cache = cache_images(train_records, args.imgsz, share=node) if args.cache == "ram" else None
 train_set = TrainDataset(
     train_records,
     args.imgsz,
     hyp,
     args.seed,
     mosaic_epochs=args.epochs - args.close_mosaic,
-    cache_ram=args.cache == "ram",
+    cache=train_cache,
 )
 sampler = EpochBatchSampler(len(train_set), batch, args.seed, rank, world_size, start_epoch, start_iteration)
 # pinned: async copies
 train_loader = make_loader(train_set, sampler, workers=args.workers, pin_memory=device.type == "cuda")
 batches = iter(train_loader)  # one iterator for the whole run: workers live as long as the run
 if is_main:
-    val_set = ValDataset(val_records, args.imgsz, batch * 2, cache_ram=args.cache == "ram")
+    val_cache = cache_images(val_records, args.imgsz) if args.cache == "ram" else None  # rank 0 alone validates
+    val_set = ValDataset(val_records, args.imgsz, batch * 2, cache=val_cache)
     val_loader = make_loader(val_set, batch_size=batch * 2, workers=args.workers, pin_memory=device.type == "cuda")
 nb = len(sampler)
 # Look before training: shifted, swapped or mislabelled boxes show in labels.jpg (drawn in a thread).

@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import cv2
@@ -27,8 +29,9 @@ from utils.augment import flip_lr, letterbox, mosaic4, random_affine
 from utils.boxes import scale_boxes_to_original
 from utils.coco import coco_to_yolo
 from utils.dataset_yaml import DatasetError, load_dataset_yaml
+from utils.distributed import NodeShare
 from utils.general import apply_dataset_defaults
-from utils.images import read_image, resized_shapes
+from utils.images import cache_images, read_image, resized_shapes
 from utils.records import Records
 from utils.shapes import NAMES, STYLES, draw_image, make_shapes
 
@@ -737,7 +740,7 @@ def test_cache_ram_gives_the_same_samples(tmp_path):
     folder = rect_dataset(tmp_path, n=4, w=80, h=60)
     records = L.load_verified([folder], nc=4, split_name="train")
     a = D.TrainDataset(records, 64, HYP, seed=3)
-    b = D.TrainDataset(records, 64, HYP, seed=3, cache_ram=True)
+    b = D.TrainDataset(records, 64, HYP, seed=3, cache=cache_images(records, 64))
     for key in [(0, 0), (0, 3), (1, 2)]:
         (ia, la), (ib, lb) = a[key], b[key]
         assert torch.equal(ia, ib) and torch.equal(la, lb)
@@ -753,13 +756,53 @@ def test_cache_ram_that_would_not_fit_falls_back_to_reading_from_disk(tmp_path, 
     need = int((resized_shapes(records.shapes, 64).prod(1) * 3).sum())
     assert need == 4 * 48 * 64 * 3  # estimated from the sizes in the records, before anything is decoded
     monkeypatch.setattr("utils.images.available_memory", lambda: need)  # fits, but without 20% to spare
-    dataset = D.TrainDataset(records, 64, HYP, seed=3, cache_ram=True)
+    dataset = D.TrainDataset(records, 64, HYP, seed=3, cache=cache_images(records, 64))
     assert dataset.cache is None
     warning = next(m for m in log_lines() if m.startswith("--cache ram"))
     assert "training without the RAM cache" in warning and f"{need / 1e9:.1f} GB" in warning
     assert torch.equal(dataset[0, 1][0], D.TrainDataset(records, 64, HYP, seed=3)[0, 1][0])  # and it trains
     monkeypatch.setattr("utils.images.available_memory", lambda: 2 * need)
-    assert D.TrainDataset(records, 64, HYP, seed=3, cache_ram=True).cache is not None
+    assert D.TrainDataset(records, 64, HYP, seed=3, cache=cache_images(records, 64)).cache is not None
+
+
+def test_cache_ram_for_validation_follows_the_records_it_sorts(tmp_path):
+    # ValDataset sorts its records by aspect ratio; the cache comes in the caller's order and must follow.
+    for k, (w, h) in enumerate([(90, 30), (30, 90), (60, 60), (80, 40)]):
+        rect = (w // 3, h // 3, 2 * w // 3, 2 * h // 3, k)
+        write_labels(write_image(tmp_path / "images" / "val" / f"im{k}.png", w, h, [rect]), w, h, [rect])
+    records = L.load_verified([tmp_path / "images" / "val"], nc=4, split_name="val")
+    plain, cached = D.ValDataset(records, 64, 2), D.ValDataset(records, 64, 2, cache=cache_images(records, 64))
+    assert [m["path"] for *_, m in plain] != [r["im"] for r in records]  # the order did change
+    for (a, la, ma), (b, lb, mb) in zip(plain, cached):
+        assert torch.equal(a, b) and torch.equal(la, lb) and ma == mb
+
+
+def test_cache_ram_shared_by_two_processes_of_a_machine_is_told_not_read_from_the_environment(tmp_path, monkeypatch):
+    # Two "ranks" as two threads: what cache_images needs of the other processes comes in the NodeShare, so no
+    # process group, no LOCAL_RANK: local rank 0 fills one /dev/shm file, rank 1 maps it, and the name is removed.
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    for key in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    records = L.load_verified([rect_dataset(tmp_path, n=3, w=80, h=60)], nc=4, split_name="train")
+    barrier, calls = threading.Barrier(2, timeout=60), []
+
+    def rank(local_rank):
+        share = NodeShare(local_rank, 2, f"test-{os.getpid()}", lambda objects: calls.append("broadcast"), barrier.wait)
+        return cache_images(records, 64, share=share)
+
+    with ThreadPoolExecutor(2) as pool:
+        filled, mapped = pool.map(rank, (0, 1))
+    assert calls == ["broadcast"] * 2
+    plain = cache_images(records, 64)
+    assert all(np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(plain, filled, mapped))
+    name = mapped[0].filename  # np.memmap's views keep the file's name
+    assert (
+        filled[0].filename == name
+        and name.startswith("/dev/shm/yolo-cache-")
+        and not os.path.exists(name)
+        and not mapped[0].flags.writeable
+    )
 
 
 # ---------------------------------------------------------------------------------------------

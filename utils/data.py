@@ -2,7 +2,7 @@
 possible, and the loader with its workers' settings and signals.
 
 The records come from utils/labels.py (verified once, cached), the images from utils/images.py (read as
-RGB uint8, or from the RAM cache).
+RGB uint8, or from the RAM cache the caller built and passed in).
 """
 
 import atexit
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from utils.augment import augment_hsv, flip_lr, flip_ud, letterbox, mosaic4, random_affine
-from utils.images import cache_images, load_resized
+from utils.images import load_resized
 from utils.records import as_records
 
 # ---------------------------------------------------------------------------------------------
@@ -36,10 +36,11 @@ def sample_rng(seed, epoch, index):
 class TrainDataset(torch.utils.data.Dataset):
     """Training samples with mosaic, affine, HSV, flips (and mixup). Indexed by (epoch, index)."""
 
-    def __init__(self, records, imgsz, hyp, seed=0, mosaic_epochs=None, cache_ram=False):
+    def __init__(self, records, imgsz, hyp, seed=0, mosaic_epochs=None, cache=None):
+        """cache: utils.images.cache_images(records, imgsz, ...), one image (or None) per record; None: from disk."""
         self.records, self.imgsz, self.hyp, self.seed = records, imgsz, hyp, seed
         self.mosaic_epochs = mosaic_epochs  # mosaic is used while epoch < mosaic_epochs (None: always)
-        self.cache = cache_images(records, imgsz, shared=True) if cache_ram else None
+        self.cache = cache
         self.warned = set()
 
     def __len__(self):
@@ -97,12 +98,13 @@ class ValDataset(torch.utils.data.Dataset):
     each batch is padded only to its own shape (a multiple of the stride), which is faster and more
     accurate than squares. Keeps what is needed to map predictions back to original pixels."""
 
-    def __init__(self, records, imgsz, batch_size, stride=32, pad=0.5, cache_ram=False):
+    def __init__(self, records, imgsz, batch_size, stride=32, pad=0.5, cache=None):
+        """cache: as TrainDataset's, in the order of `records` as given (they are sorted here)."""
         records = as_records(records)
         order = np.argsort(records.shapes[:, 0] / records.shapes[:, 1], kind="stable")  # similar shapes together
         self.records = records.take(order)
         self.imgsz = imgsz
-        self.cache = cache_images(self.records, imgsz) if cache_ram else None
+        self.cache = None if cache is None else [cache[i] for i in order]
         aspect = self.records.shapes[:, 0] / self.records.shapes[:, 1]  # h / w
         self.shapes = []
         for start in range(0, len(self.records), batch_size):

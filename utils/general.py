@@ -1,5 +1,5 @@
-"""Small helpers the scripts share: logging, command-line settings (flags given, a dataset's defaults), run
-folders, atomic writes, seeds, crash reports.
+"""Small helpers the scripts share: logging, command-line settings (flags given, a dataset's defaults, the
+worker count), run folders, atomic writes, seeds, crash reports.
 
 numpy and torch are imported inside the functions that use them: sweep.py imports this module and
 must start in a fraction of a second, without torch.
@@ -63,6 +63,13 @@ def apply_dataset_defaults(args, parser, data, given_flags):
             raise DatasetError(
                 f"{data['yaml']}: key 'defaults' sets '{key}' to {value!r}, which is not a {type(default).__name__}"
             ) from None
+
+
+def default_workers(local_world_size=1, most=None):
+    """The cores this process may use, shared out between the `local_world_size` processes of its machine (at
+    least 1, at most `most`): the default number of data-loader workers, and of label verification workers."""
+    workers = max(1, len(os.sched_getaffinity(0)) // local_world_size)
+    return min(workers, most) if most else workers
 
 
 def start_results_csv(path, columns, resumed_epoch=None):

@@ -20,7 +20,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from utils.dataset_yaml import DatasetError
-from utils.general import atomic_write, write_text_atomic  # module globals: tests replace them (read-only folder)
+from utils.general import atomic_write, default_workers, write_text_atomic  # tests replace the writers (read-only)
 from utils.records import Records, as_records
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".dng", ".mpo", ".pfm"}
@@ -254,7 +254,9 @@ def load_verified(sources, nc, split_name="", workers=None):
     """Verify every image/label of a split once and cache the result next to the labels.
     Returns the good records as utils.records.Records (flat arrays; records[i] is {"im", "shape" (h, w),
     "labels" (k, 5) [cls, x1, y1, x2, y2] normalised}). The cache is a binary .npz that loads in a fraction
-    of a second. Never writes to the user's images or labels; a read-only dataset folder works (cache elsewhere)."""
+    of a second. Never writes to the user's images or labels; a read-only dataset folder works (cache elsewhere).
+    workers: how many verify at once (default: every core this process may use; under DDP the caller shares
+    the machine's cores out, utils.general.default_workers)."""
     image_files = list_images(sources)
     if not image_files:
         raise DatasetError(f"no images found in {', '.join(str(s) for s in sources) or 'an empty list of sources'}")
@@ -267,8 +269,7 @@ def load_verified(sources, nc, split_name="", workers=None):
             print_verification_totals(meta["totals"], split_name, log_path, meta["problems"], cached=True)
             return records
 
-    workers = workers or max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    records, totals, problems = _verify_all(image_files, nc, split_name, workers)
+    records, totals, problems = _verify_all(image_files, nc, split_name, workers or default_workers())
     meta = {"version": CACHE_VERSION, "fingerprint": fingerprint, "nc": nc, "totals": totals, "problems": problems}
     written = _write_cache(locations, records, meta, split_name)
     print_verification_totals(totals, split_name, written, problems, cached=False)
