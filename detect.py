@@ -34,10 +34,11 @@ from models.yolo import load_model
 from utils.boxes import scale_boxes_to_original, xyxy_to_xywh
 from utils.checkpoint import CheckpointError, find_best_checkpoint
 from utils.coco import detections_to_coco
-from utils.data import IMAGE_SUFFIXES, read_image
 from utils.distributed import select_device
 from utils.general import next_run_dir
+from utils.images import read_image
 from utils.inference import from_pytorch, load_exported, postprocess, preprocess
+from utils.labels import IMAGE_SUFFIXES
 from utils.plots import draw_detections
 
 WRITABLE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}  # cv2 writes these; others become .jpg

@@ -44,8 +44,9 @@ import torchvision
 from models.yolo import load_model
 from utils.boxes import non_max_suppression
 from utils.checkpoint import CheckpointError, find_best_checkpoint
-from utils.data import list_images, load_dataset_yaml, read_image
+from utils.dataset_yaml import load_dataset_yaml
 from utils.distributed import select_device
+from utils.images import read_image
 from utils.inference import (
     METADATA_FILE,
     compare_detections,
@@ -55,6 +56,7 @@ from utils.inference import (
     postprocess,
     preprocess,
 )
+from utils.labels import list_images
 
 
 def parse_args(argv=None):

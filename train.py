@@ -12,7 +12,6 @@ Hyperparameters live in the HYP table below; every entry is also a flag (--lr0 0
 import argparse
 import contextlib
 import json
-import os
 import sys
 import time
 
@@ -36,26 +35,24 @@ from utils.checkpoint import (
     set_rng_states,
 )
 from utils.data import (
-    DatasetError,
     EpochBatchSampler,
     TrainDataset,
     ValDataset,
-    apply_dataset_defaults,
     fix_cv2_and_file_limits,
-    load_dataset_yaml,
-    load_verified,
     make_loader,
     multi_scale_max,
     multi_scale_size,
-    single_class,
 )
-from utils.distributed import amp_dtype_for, any_rank, barrier, make_run_dir, setup_distributed, wrap_ddp
+from utils.dataset_yaml import DatasetError, load_dataset_yaml
+from utils.distributed import amp_dtype_for, any_rank, barrier, make_run_dir, node_share, setup_distributed, wrap_ddp
 from utils.ema import ModelEMA, unwrap
 from utils.evaluate import evaluate, format_table
 from utils.faults import StopRequest, abort_run, install_crash_handler, realign_ddp, too_large_batch
 from utils.general import (
     Benchmark,
     append_results_row,
+    apply_dataset_defaults,
+    default_workers,
     explicit_flags,
     open_tensorboard,
     seed_everything,
@@ -63,6 +60,8 @@ from utils.general import (
     start_profiler,
     start_results_csv,
 )
+from utils.images import cache_images
+from utils.labels import load_verified, single_class
 from utils.loss import DetectionLoss
 from utils.optim import accumulation_windows, build_optimizer, load_optimizer_state, optimizer_step, set_learning_rate
 from utils.plots import in_background, plot_batch, plot_evaluation, plot_labels, plot_results
@@ -163,8 +162,9 @@ device, rank, local_rank, world_size, flags_group = setup_distributed(args.devic
 is_main = rank == 0
 if resume_ckpt:  # on another number of GPUs: the same images per GPU and per optimizer step
     args.batch, args.accumulate = resumed_batch(args, resume_ckpt, world_size, "batch" in given_flags)
+node = node_share(local_rank, world_size)  # this machine's processes: they share its cores and the RAM cache
 if args.workers is None:  # every core feeds the GPUs: the processes of this node share them
-    args.workers = min(8, max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
+    args.workers = default_workers(node.local_world_size, most=8)
 run_dir = make_run_dir(args.out, is_main, world_size)
 args.out = str(run_dir)
 log = setup_logging(run_dir / "train.log" if is_main else None, rank)
@@ -176,8 +176,8 @@ try:  # rank 0 verifies the labels and writes the label cache; the others then r
     if not is_main:
         barrier(world_size, flags_group)
     data = load_dataset_yaml(args.data)
-    train_records = load_verified(data["train"], data["nc"], "train")
-    val_records = load_verified(data["val"], data["nc"], "val")
+    train_records = load_verified(data["train"], data["nc"], "train", default_workers(node.local_world_size))
+    val_records = load_verified(data["val"], data["nc"], "val", default_workers(node.local_world_size))
     if is_main:
         barrier(world_size, flags_group)
     if not resume_ckpt:  # a resumed run keeps the settings it started with
@@ -318,13 +318,16 @@ if args.compile:  # after DDP: torch's DDP optimizer then splits the graph at th
 # -----------------------------------------------------------------------------------------------
 # Data loaders
 mosaic_epochs = args.epochs - args.close_mosaic  # --close-mosaic: the last epochs see whole images, like test images
-train_set = TrainDataset(train_records, args.imgsz, vars(args), args.seed, mosaic_epochs, cache_ram=args.cache == "ram")
+# every rank calls it (collectives); the processes of a machine map one copy
+train_cache = cache_images(train_records, args.imgsz, share=node) if args.cache == "ram" else None
+train_set = TrainDataset(train_records, args.imgsz, vars(args), args.seed, mosaic_epochs, cache=train_cache)
 sampler = EpochBatchSampler(len(train_set), batch, args.seed, rank, world_size, start_epoch, start_iteration)
 # pinned: async copies
 train_loader = make_loader(train_set, sampler, workers=args.workers, pin_memory=device.type == "cuda")
 batches = iter(train_loader)  # one iterator for the whole run: workers live as long as the run
 if is_main:
-    val_set = ValDataset(val_records, args.imgsz, batch * 2, cache_ram=args.cache == "ram")
+    val_cache = cache_images(val_records, args.imgsz) if args.cache == "ram" else None  # rank 0 alone validates
+    val_set = ValDataset(val_records, args.imgsz, batch * 2, cache=val_cache)
     val_loader = make_loader(val_set, batch_size=batch * 2, workers=args.workers, pin_memory=device.type == "cuda")
 nb = len(sampler)
 warmup_iterations = max(round(args.warmup_epochs * nb), 100) if args.warmup_epochs > 0 else 0

@@ -15,18 +15,12 @@ from pathlib import Path
 
 from models.yolo import model_from_checkpoint
 from utils.checkpoint import CheckpointError, find_best_checkpoint, load_checkpoint
-from utils.data import (
-    DatasetError,
-    ValDataset,
-    fix_cv2_and_file_limits,
-    load_dataset_yaml,
-    load_verified,
-    make_loader,
-    single_class,
-)
+from utils.data import ValDataset, fix_cv2_and_file_limits, make_loader
+from utils.dataset_yaml import DatasetError, load_dataset_yaml
 from utils.distributed import select_device
 from utils.evaluate import evaluate, format_table
 from utils.general import next_run_dir, setup_logging
+from utils.labels import load_verified, single_class
 from utils.plots import plot_evaluation
 
 parser = argparse.ArgumentParser(

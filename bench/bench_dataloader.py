@@ -42,14 +42,9 @@ import cv2  # noqa: E402
 import torch  # noqa: E402
 
 from models.yolo import YOLO  # noqa: E402
-from utils.data import (  # noqa: E402
-    EpochBatchSampler,
-    TrainDataset,
-    fix_cv2_and_file_limits,
-    load_dataset_yaml,
-    load_verified,
-    make_loader,
-)
+from utils.data import EpochBatchSampler, TrainDataset, fix_cv2_and_file_limits, make_loader  # noqa: E402
+from utils.dataset_yaml import load_dataset_yaml  # noqa: E402
+from utils.labels import load_verified  # noqa: E402
 from utils.loss import DetectionLoss  # noqa: E402
 from utils.shapes import make_shapes  # noqa: E402
 

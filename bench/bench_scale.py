@@ -29,8 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.yolo import YOLO  # noqa: E402
 from utils import data as D  # noqa: E402
+from utils import labels as L  # noqa: E402
 from utils.coco import detections_to_coco, ground_truth  # noqa: E402
 from utils.evaluate import coco_map, fast_map, predict_dataset  # noqa: E402
+from utils.records import Records  # noqa: E402
 
 COCO_TRAIN, COCO_VAL = 118_287, 5_000
 
@@ -152,7 +154,7 @@ def main():
     for cache in root.glob("labels/*.cache.npz"):
         cache.unlink()
     t = time.perf_counter()
-    records = D.load_verified([train], 80, "train")
+    records = L.load_verified([train], 80, "train")
     verify = time.perf_counter() - t
     rate = args.train / verify
     print(
@@ -161,10 +163,10 @@ def main():
     )
     cache = next(root.glob("labels/train.*.cache.npz"))
     t = time.perf_counter()
-    D.load_verified([train], 80, "train")
+    L.load_verified([train], 80, "train")
     warm = time.perf_counter() - t
     t = time.perf_counter()
-    D.Records.load(cache)
+    Records.load(cache)
     read = time.perf_counter() - t
     print(
         f"cache: {cache.stat().st_size / 1e6:.1f} MB; warm load_verified {warm:.2f} s (stats of every file "
@@ -185,7 +187,7 @@ def main():
             f"{mb(second, 0)} MB, private {mb(start, 1)} / {mb(first, 1)} / {mb(second, 1)} MB"
         )
 
-    val_records = D.load_verified([val], 80, "val")
+    val_records = L.load_verified([val], 80, "val")
     dataset = D.ValDataset(val_records, args.imgsz, 32)
     loader = D.make_loader(dataset, batch_size=32, workers=args.workers)
     torch.manual_seed(0)

@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import cv2
@@ -22,9 +24,15 @@ import pytest
 import torch
 
 from utils import data as D
+from utils import labels as L
 from utils.augment import flip_lr, letterbox, mosaic4, random_affine
 from utils.boxes import scale_boxes_to_original
 from utils.coco import coco_to_yolo
+from utils.dataset_yaml import DatasetError, load_dataset_yaml
+from utils.distributed import NodeShare
+from utils.general import apply_dataset_defaults
+from utils.images import cache_images, read_image, resized_shapes
+from utils.records import Records
 from utils.shapes import NAMES, STYLES, draw_image, make_shapes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,7 +78,7 @@ def write_image(path, w, h, rects=(), background=(0, 0, 0)):
 
 def write_labels(image_path, w, h, rects):
     """YOLO labels (class cx cy w h, normalised) of pixel rectangles, at the conventional place."""
-    lp = Path(D.label_path(str(image_path)))
+    lp = Path(L.label_path(str(image_path)))
     lp.parent.mkdir(parents=True, exist_ok=True)
     lp.write_text(
         "".join(
@@ -175,35 +183,35 @@ def test_yaml_sources_folder_txt_list_and_lists_resolve_against_path(tmp_path):
     cwd = os.getcwd()
     os.chdir(tmp_path / "sets")  # not the yaml's folder: path must not depend on the working directory
     try:
-        data = D.load_dataset_yaml(cfg_dir / "mine.yaml")
+        data = load_dataset_yaml(cfg_dir / "mine.yaml")
     finally:
         os.chdir(cwd)
     assert data["root"] == root.resolve()
     assert data["names"] == ["a", "b", "c", "d"] and data["nc"] == 4
     assert data["train"] == [train_dir.resolve(), extra.resolve()] and data["test"] == []
-    assert len(D.list_images(data["train"])) == 5
-    assert [Path(f).name for f in D.list_images(data["val"])] == ["im0.png", "im1.png"]
+    assert len(L.list_images(data["train"])) == 5
+    assert [Path(f).name for f in L.list_images(data["val"])] == ["im0.png", "im1.png"]
     # An old YOLOv5 yaml: no `path`, folders named from the working directory.
     (cfg_dir / "old.yaml").write_text("train: ../mine/images/train\nval: ../mine/val.txt\nnames: [a, b, c, d]\n")
     os.chdir(tmp_path / "sets" / "mine")
     try:
-        assert D.load_dataset_yaml(cfg_dir / "old.yaml")["train"] == [train_dir.resolve()]
+        assert load_dataset_yaml(cfg_dir / "old.yaml")["train"] == [train_dir.resolve()]
     finally:
         os.chdir(cwd)
     # names as a list, no nc: nc is its length
     (cfg_dir / "list.yaml").write_text(
         f"path: {root}\ntrain: images/train\nval: images/train\nnames: [a, b, c, d, e]\n"
     )
-    assert D.load_dataset_yaml(cfg_dir / "list.yaml")["nc"] == 5
+    assert load_dataset_yaml(cfg_dir / "list.yaml")["nc"] == 5
 
 
 def test_label_path_convention_and_background_images(tmp_path):
-    assert D.label_path("/d/images/train/x.jpg") == "/d/labels/train/x.txt"
-    assert D.label_path("/images/d/images/a.b.PNG") == "/images/d/labels/a.b.txt"  # the last /images/ only
-    assert D.label_path("/d/flat/x.jpg") == "/d/flat/x.txt"  # no images/ folder: label next to the image
+    assert L.label_path("/d/images/train/x.jpg") == "/d/labels/train/x.txt"
+    assert L.label_path("/images/d/images/a.b.PNG") == "/images/d/labels/a.b.txt"  # the last /images/ only
+    assert L.label_path("/d/flat/x.jpg") == "/d/flat/x.txt"  # no images/ folder: label next to the image
     folder = rect_dataset(tmp_path, n=2)
     write_image(folder / "no_label.png", 64, 64)  # no label file: a background image, not an error
-    records = D.load_verified([folder], nc=4, split_name="train")
+    records = L.load_verified([folder], nc=4, split_name="train")
     by_name = {Path(r["im"]).name: r for r in records}
     assert len(records) == 3 and len(by_name["no_label.png"]["labels"]) == 0
     assert by_name["im1.png"]["labels"].tolist() == [
@@ -240,13 +248,13 @@ def test_ultralytics_yamls_load_unchanged(tmp_path, log_lines):
     (coco / "annotations" / "instances_val2017.json").write_text('{"images": [], "annotations": [], "categories": []}')
     make_layout(repo / "datasets" / "coco128", ["train2017"])
 
-    data = D.load_dataset_yaml(repo / "data" / "coco.yaml")
+    data = load_dataset_yaml(repo / "data" / "coco.yaml")
     assert data["nc"] == 80 and data["names"][0] == "person" and data["names"][79] == "toothbrush"
     assert data["coco_json"] == coco.resolve() / "annotations" / "instances_val2017.json"
     # optional, not downloaded: a warning
     assert data["test"] == [] and any("test-dev2017.txt" in m for m in log_lines())
-    assert len(D.load_verified(data["train"], data["nc"], "train")) == 2
-    data = D.load_dataset_yaml(repo / "data" / "coco128.yaml")
+    assert len(L.load_verified(data["train"], data["nc"], "train")) == 2
+    data = load_dataset_yaml(repo / "data" / "coco128.yaml")
     assert data["nc"] == 80 and data["train"] == data["val"] == [
         repo.resolve() / "datasets" / "coco128" / "images" / "train2017"
     ]
@@ -287,10 +295,10 @@ def test_ultralytics_yamls_load_unchanged(tmp_path, log_lines):
     )
     (repo / "data" / "VOC.yaml").write_text(voc)
     make_layout(repo / "datasets" / "VOC", ["train2012", "train2007", "val2012", "val2007", "test2007"])
-    data = D.load_dataset_yaml(repo / "data" / "VOC.yaml")
+    data = load_dataset_yaml(repo / "data" / "VOC.yaml")
     assert data["nc"] == 20 and data["names"][19] == "tvmonitor" and len(data["train"]) == 4
-    assert len(D.load_verified(data["train"], data["nc"], "train")) == 8
-    assert len(D.load_verified(data["val"], data["nc"], "val")) == 2
+    assert len(L.load_verified(data["train"], data["nc"], "train")) == 8
+    assert len(L.load_verified(data["val"], data["nc"], "val")) == 2
 
 
 @pytest.mark.parametrize(
@@ -316,12 +324,12 @@ def test_wrong_yaml_stops_with_one_sentence_naming_the_culprit(tmp_path, text, c
     rect_dataset(root, n=1)
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(text.format(root=root))
-    with pytest.raises(D.DatasetError) as info:
-        D.load_dataset_yaml(cfg)
+    with pytest.raises(DatasetError) as info:
+        load_dataset_yaml(cfg)
     message = str(info.value)
     assert culprit in message and "\n" not in message
-    with pytest.raises(D.DatasetError, match="does not exist"):
-        D.load_dataset_yaml(tmp_path / "no_such.yaml")
+    with pytest.raises(DatasetError, match="does not exist"):
+        load_dataset_yaml(tmp_path / "no_such.yaml")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,16 +369,16 @@ def broken_dataset(root):
     }
     for name, row in rows.items():
         p = write_image(folder / f"{name}.png", 32, 32)
-        lp = Path(D.label_path(str(p)))
+        lp = Path(L.label_path(str(p)))
         lp.parent.mkdir(parents=True, exist_ok=True)
         lp.write_bytes(b"\xff\xfe\x00\x81garbage" if row is None else row.encode())
         expected[f"{name}.png"] = "corrupt"
     # Kept: a box just outside [0, 1] (clipped), duplicated rows (dropped), an empty label file.
     p = write_image(folder / "clip_and_duplicates.png", 32, 32)
-    Path(D.label_path(str(p))).write_text("1 0.5 0.5 1.004 0.3\n1 0.5 0.5 1.004 0.3\n2 0.25 0.25 0.1 0.1\n")
+    Path(L.label_path(str(p))).write_text("1 0.5 0.5 1.004 0.3\n1 0.5 0.5 1.004 0.3\n2 0.25 0.25 0.1 0.1\n")
     expected["clip_and_duplicates.png"] = "labelled"
     p = write_image(folder / "empty_label.png", 32, 32)
-    Path(D.label_path(str(p))).write_text("\n")
+    Path(L.label_path(str(p))).write_text("\n")
     expected["empty_label.png"] = "empty"
     return folder, expected
 
@@ -382,9 +390,9 @@ def test_verification_reports_every_bad_file_and_keeps_the_good(tmp_path, log_li
     )
     expected["vanished.jpg"] = "missing"
     for name, status in expected.items():
-        assert D.verify_one(str(folder / name), nc=4)[0] == status, name
+        assert L.verify_one(str(folder / name), nc=4)[0] == status, name
 
-    records = D.load_verified([tmp_path / "set" / "list.txt"], nc=4, split_name="train")
+    records = L.load_verified([tmp_path / "set" / "list.txt"], nc=4, split_name="train")
     kept = {Path(r["im"]).name: r for r in records}
     assert set(kept) == {n for n, s in expected.items() if s not in ("corrupt", "missing")}
     clip = kept["clip_and_duplicates.png"]["labels"]
@@ -425,9 +433,9 @@ def test_exif_orientation_is_applied(tmp_path):
     path = tmp_path / "images" / "rotated.jpg"
     path.parent.mkdir()
     Image.fromarray(img).save(path, exif=exif.tobytes(), quality=95)
-    status, record, _ = D.verify_one(str(path), nc=1)
+    status, record, _ = L.verify_one(str(path), nc=1)
     assert status == "background" and record["shape"] == [80, 40]  # (h, w): stored 80 wide, shown 80 tall
-    shown = D.read_image(str(path))
+    shown = read_image(str(path))
     assert shown.shape == (80, 40, 3)
     assert shown[:30, :, 0].mean() > 200 and shown[50:, :, 0].mean() < 50  # the red half is now on top
 
@@ -437,38 +445,38 @@ def test_verification_in_processes_finds_what_threads_find_and_header_sizes_are_
     folder, expected = broken_dataset(tmp_path / "set")
     for name, (w, h) in {"wide.bmp": (90, 30), "tall.webp": (20, 70), "plain.jpg": (33, 65)}.items():
         write_image(folder / name, w, h)
-    files = D.list_images([folder])
-    in_threads = [D.verify_one(f, 4) for f in files]
-    monkeypatch.setattr(D, "VERIFY_IN_PROCESSES_FROM", 0)
-    records = D.load_verified([folder], nc=4, split_name="train", workers=2)
+    files = L.list_images([folder])
+    in_threads = [L.verify_one(f, 4) for f in files]
+    monkeypatch.setattr(L, "VERIFY_IN_PROCESSES_FROM", 0)
+    records = L.load_verified([folder], nc=4, split_name="train", workers=2)
     assert [r["im"] for r in records] == [f for f, (_, rec, _) in zip(files, in_threads) if rec is not None]
     statuses = {Path(f).name: status for f, (status, _, _) in zip(files, in_threads)}
     assert all(statuses[name] == status for name, status in expected.items() if name in statuses)
     for r in records:  # the size from the header is the size of the decoded image training will use
-        assert tuple(r["shape"]) == D.read_image(r["im"]).shape[:2], r["im"]
+        assert tuple(r["shape"]) == read_image(r["im"]).shape[:2], r["im"]
 
 
 def test_cache_is_reused_and_invalidated_when_files_change(tmp_path, monkeypatch):
     folder = rect_dataset(tmp_path, n=3)
-    first = D.load_verified([folder], nc=4, split_name="train")
+    first = L.load_verified([folder], nc=4, split_name="train")
     assert len(list((tmp_path / "labels").glob("*.cache.npz"))) == 1
 
-    real_verify = D.verify_one
+    real_verify = L.verify_one
     calls = []
-    monkeypatch.setattr(D, "verify_one", lambda f, nc: calls.append(f) or real_verify(f, nc))
-    assert D.load_verified([folder], nc=4, split_name="train") == first and calls == []  # from the cache
+    monkeypatch.setattr(L, "verify_one", lambda f, nc: calls.append(f) or real_verify(f, nc))
+    assert L.load_verified([folder], nc=4, split_name="train") == first and calls == []  # from the cache
 
     label = tmp_path / "labels" / "train" / "im0.txt"
     label.write_text("3 0.5 0.5 0.5 0.5\n")
     os.utime(label, ns=(1, 1))  # even with an old timestamp: the size changed
-    again = D.load_verified([folder], nc=4, split_name="train")
+    again = L.load_verified([folder], nc=4, split_name="train")
     assert len(calls) == 3 and next(r for r in again if r["im"].endswith("im0.png"))["labels"][0][0] == 3
 
     calls.clear()
     write_image(folder / "new.png", 40, 40)  # an added image
-    assert len(D.load_verified([folder], nc=4, split_name="train")) == 4 and len(calls) == 4
+    assert len(L.load_verified([folder], nc=4, split_name="train")) == 4 and len(calls) == 4
     calls.clear()
-    D.load_verified([folder], nc=5, split_name="train")  # another class count: the checks differ
+    L.load_verified([folder], nc=5, split_name="train")  # another class count: the checks differ
     assert len(calls) == 4
 
 
@@ -476,11 +484,11 @@ def test_train_and_val_lists_over_one_folder_keep_their_own_cache(tmp_path, monk
     folder = rect_dataset(tmp_path, n=4)
     (tmp_path / "train.txt").write_text("images/train/im0.png\nimages/train/im1.png\nimages/train/im2.png\n")
     (tmp_path / "val.txt").write_text("images/train/im3.png\n")
-    D.load_verified([tmp_path / "train.txt"], 4, "train")
-    D.load_verified([tmp_path / "val.txt"], 4, "val")
-    monkeypatch.setattr(D, "verify_one", lambda f, nc: pytest.fail("verified again instead of using the cache"))
-    assert len(D.load_verified([tmp_path / "train.txt"], 4, "train")) == 3
-    assert len(D.load_verified([tmp_path / "val.txt"], 4, "val")) == 1
+    L.load_verified([tmp_path / "train.txt"], 4, "train")
+    L.load_verified([tmp_path / "val.txt"], 4, "val")
+    monkeypatch.setattr(L, "verify_one", lambda f, nc: pytest.fail("verified again instead of using the cache"))
+    assert len(L.load_verified([tmp_path / "train.txt"], 4, "train")) == 3
+    assert len(L.load_verified([tmp_path / "val.txt"], 4, "val")) == 1
     assert folder.exists()
 
 
@@ -488,26 +496,26 @@ def test_read_only_dataset_folder_still_works(tmp_path, monkeypatch, log_lines):
     dataset = tmp_path / "readonly"
     folder = rect_dataset(dataset, n=2)
     before = hash_tree(dataset)
-    real_write = D.write_text_atomic
+    real_write = L.write_text_atomic
 
     def refuse_inside_dataset(path, text):  # a read-only mount (chmod does not stop root, so simulate it)
         if Path(path).resolve().is_relative_to(dataset.resolve()):
             raise PermissionError(13, "Read-only file system", str(path))
         return real_write(path, text)
 
-    monkeypatch.setattr(D, "write_text_atomic", refuse_inside_dataset)
-    records = D.load_verified([folder], nc=4, split_name="train")
+    monkeypatch.setattr(L, "write_text_atomic", refuse_inside_dataset)
+    records = L.load_verified([folder], nc=4, split_name="train")
     assert len(records) == 2 and hash_tree(dataset) == before
     assert any("Read-only file system" in m for m in log_lines())
     assert len(list((tmp_path / "user_cache").glob("*.cache.npz"))) == 1  # cached in the user's folder instead
-    monkeypatch.setattr(D, "verify_one", lambda f, nc: pytest.fail("verified again instead of using the cache"))
-    assert D.load_verified([folder], nc=4, split_name="train") == records
+    monkeypatch.setattr(L, "verify_one", lambda f, nc: pytest.fail("verified again instead of using the cache"))
+    assert L.load_verified([folder], nc=4, split_name="train") == records
     monkeypatch.undo()
 
     # Nowhere writable at all: a warning, and it still works.
-    monkeypatch.setattr(D, "write_text_atomic", lambda path, text: (_ for _ in ()).throw(PermissionError(13, "denied")))
+    monkeypatch.setattr(L, "write_text_atomic", lambda path, text: (_ for _ in ()).throw(PermissionError(13, "denied")))
     monkeypatch.setenv("YOLO_CACHE_DIR", str(tmp_path / "other_cache"))
-    assert len(D.load_verified([folder], nc=4, split_name="train")) == 2
+    assert len(L.load_verified([folder], nc=4, split_name="train")) == 2
     assert any("verification will run again next time" in m for m in log_lines())
 
 
@@ -516,12 +524,12 @@ def test_array_backed_records_yield_exactly_the_samples_of_the_list_of_dicts(tmp
     # verify_one returns. The flat-array Records must give bitwise the same samples (same seed, epoch, index),
     # else a run resumed across the change would not be exact.
     make_shapes(tmp_path / "shapes", n_train=10, n_val=2, seed=5, size=96)
-    files = D.list_images([tmp_path / "shapes" / "images" / "train"])
-    dicts = [record for _, record, _ in (D.verify_one(f, len(NAMES)) for f in files) if record is not None]
+    files = L.list_images([tmp_path / "shapes" / "images" / "train"])
+    dicts = [record for _, record, _ in (L.verify_one(f, len(NAMES)) for f in files) if record is not None]
     for record in dicts:
         record.pop("dup", None)  # background records have none
-    records = D.load_verified([tmp_path / "shapes" / "images" / "train"], len(NAMES), "train")
-    assert isinstance(records, D.Records) and len(records) == len(dicts) == 10
+    records = L.load_verified([tmp_path / "shapes" / "images" / "train"], len(NAMES), "train")
+    assert isinstance(records, Records) and len(records) == len(dicts) == 10
     hyp = HYP | {"mosaic": 0.5, "mixup": 0.3, "degrees": 5.0}
     old, new = D.TrainDataset(dicts, 64, hyp, seed=3), D.TrainDataset(records, 64, hyp, seed=3)
     for key in itertools.product((0, 4), range(10)):
@@ -531,7 +539,7 @@ def test_array_backed_records_yield_exactly_the_samples_of_the_list_of_dicts(tmp
         assert torch.equal(a, b) and torch.equal(la, lb) and ma == mb
     # slicing (--subset, --fraction) and --single-cls keep the arrays
     assert records[2:5] == records.take([2, 3, 4]) and records[3]["im"] == dicts[3]["im"]
-    assert (D.single_class(records).labels[:, 0] == 0).all() and (records.labels[:, 0] > 0).any()
+    assert (L.single_class(records).labels[:, 0] == 0).all() and (records.labels[:, 0] > 0).any()
 
 
 def test_users_files_are_never_modified(tmp_path):
@@ -539,7 +547,7 @@ def test_users_files_are_never_modified(tmp_path):
     before = hash_tree(tmp_path / "set" / "images") | {
         k: v for k, v in hash_tree(tmp_path / "set" / "labels").items() if k.endswith(".txt")
     }
-    records = D.load_verified([folder], nc=4, split_name="train")
+    records = L.load_verified([folder], nc=4, split_name="train")
     dataset = D.TrainDataset(records, 64, HYP, seed=0)
     for i in range(len(dataset)):
         dataset[0, i]
@@ -555,7 +563,7 @@ def test_users_files_are_never_modified(tmp_path):
 @pytest.mark.parametrize("how", ["deleted", "overwritten with garbage"])
 def test_image_that_breaks_during_training_is_replaced_and_reported(tmp_path, capfd, how):
     folder = rect_dataset(tmp_path, n=4)
-    records = D.load_verified([folder], nc=4, split_name="train")
+    records = L.load_verified([folder], nc=4, split_name="train")
     victim = folder / "im2.png"
     if how == "deleted":
         victim.unlink()
@@ -580,7 +588,7 @@ def test_thin_strip_image_does_not_break_loading(tmp_path):
     p = write_image(folder / "strip.png", 1200, 10, [(100, 0, 300, 10, 0)])
     write_labels(p, 1200, 10, [(100, 0, 300, 10, 0)])
     write_image(folder / "normal.png", 64, 64)
-    records = D.load_verified([folder], nc=1, split_name="train")
+    records = L.load_verified([folder], nc=1, split_name="train")
     for hyp in (NO_AUG, HYP):
         dataset = D.TrainDataset(records, 32, hyp, seed=0)
         assert all(dataset[0, i][0].shape == (3, 32, 32) for i in range(2))
@@ -592,7 +600,7 @@ def test_red_image_arrives_red_first_channel(tmp_path):
     folder = tmp_path / "images" / "train"
     for k in range(4):
         write_image(folder / f"red{k}.png", 64 + 16 * k, 48, background=(255, 0, 0))
-    records = D.load_verified([folder], nc=1, split_name="train")
+    records = L.load_verified([folder], nc=1, split_name="train")
 
     for hyp in (NO_AUG, HYP):  # with HSV jitter the red is lighter or darker but still red
         dataset = D.TrainDataset(records, 64, hyp, seed=0)
@@ -698,7 +706,7 @@ def test_mosaic_moves_boxes_with_pixels():
 def test_train_dataset_boxes_stay_tight_through_every_transform(tmp_path):
     """End to end through TrainDataset: mosaic, affine (no rotation), flips, on and off."""
     folder = rect_dataset(tmp_path, n=4, w=96, h=72)
-    records = D.load_verified([folder], nc=4, split_name="train")
+    records = L.load_verified([folder], nc=4, split_name="train")
     hyp_no_colour = dict(HYP, hsv_h=0, hsv_s=0, hsv_v=0, flipud=0.5)  # colour jitter would hide the colours we look for
     checked = 0
     for hyp in (hyp_no_colour, dict(hyp_no_colour, mosaic=0.0)):
@@ -713,7 +721,7 @@ def test_train_dataset_boxes_stay_tight_through_every_transform(tmp_path):
 
 def test_mosaic_is_switched_off_for_the_last_epochs_and_mixup_blends_two(tmp_path, monkeypatch):
     folder = rect_dataset(tmp_path, n=4)
-    records = D.load_verified([folder], nc=4, split_name="train")
+    records = L.load_verified([folder], nc=4, split_name="train")
     dataset = D.TrainDataset(records, 64, HYP, seed=0, mosaic_epochs=2)
     calls = []
     real = D.TrainDataset.load_mosaic
@@ -730,9 +738,9 @@ def test_mosaic_is_switched_off_for_the_last_epochs_and_mixup_blends_two(tmp_pat
 
 def test_cache_ram_gives_the_same_samples(tmp_path):
     folder = rect_dataset(tmp_path, n=4, w=80, h=60)
-    records = D.load_verified([folder], nc=4, split_name="train")
+    records = L.load_verified([folder], nc=4, split_name="train")
     a = D.TrainDataset(records, 64, HYP, seed=3)
-    b = D.TrainDataset(records, 64, HYP, seed=3, cache_ram=True)
+    b = D.TrainDataset(records, 64, HYP, seed=3, cache=cache_images(records, 64))
     for key in [(0, 0), (0, 3), (1, 2)]:
         (ia, la), (ib, lb) = a[key], b[key]
         assert torch.equal(ia, ib) and torch.equal(la, lb)
@@ -744,17 +752,57 @@ def test_cache_ram_gives_the_same_samples(tmp_path):
 
 def test_cache_ram_that_would_not_fit_falls_back_to_reading_from_disk(tmp_path, monkeypatch, log_lines):
     folder = rect_dataset(tmp_path, n=4, w=80, h=60)
-    records = D.load_verified([folder], nc=4, split_name="train")
-    need = int((D.resized_shapes(records.shapes, 64).prod(1) * 3).sum())
+    records = L.load_verified([folder], nc=4, split_name="train")
+    need = int((resized_shapes(records.shapes, 64).prod(1) * 3).sum())
     assert need == 4 * 48 * 64 * 3  # estimated from the sizes in the records, before anything is decoded
-    monkeypatch.setattr(D, "available_memory", lambda: need)  # fits, but without 20% to spare
-    dataset = D.TrainDataset(records, 64, HYP, seed=3, cache_ram=True)
+    monkeypatch.setattr("utils.images.available_memory", lambda: need)  # fits, but without 20% to spare
+    dataset = D.TrainDataset(records, 64, HYP, seed=3, cache=cache_images(records, 64))
     assert dataset.cache is None
     warning = next(m for m in log_lines() if m.startswith("--cache ram"))
     assert "training without the RAM cache" in warning and f"{need / 1e9:.1f} GB" in warning
     assert torch.equal(dataset[0, 1][0], D.TrainDataset(records, 64, HYP, seed=3)[0, 1][0])  # and it trains
-    monkeypatch.setattr(D, "available_memory", lambda: 2 * need)
-    assert D.TrainDataset(records, 64, HYP, seed=3, cache_ram=True).cache is not None
+    monkeypatch.setattr("utils.images.available_memory", lambda: 2 * need)
+    assert D.TrainDataset(records, 64, HYP, seed=3, cache=cache_images(records, 64)).cache is not None
+
+
+def test_cache_ram_for_validation_follows_the_records_it_sorts(tmp_path):
+    # ValDataset sorts its records by aspect ratio; the cache comes in the caller's order and must follow.
+    for k, (w, h) in enumerate([(90, 30), (30, 90), (60, 60), (80, 40)]):
+        rect = (w // 3, h // 3, 2 * w // 3, 2 * h // 3, k)
+        write_labels(write_image(tmp_path / "images" / "val" / f"im{k}.png", w, h, [rect]), w, h, [rect])
+    records = L.load_verified([tmp_path / "images" / "val"], nc=4, split_name="val")
+    plain, cached = D.ValDataset(records, 64, 2), D.ValDataset(records, 64, 2, cache=cache_images(records, 64))
+    assert [m["path"] for *_, m in plain] != [r["im"] for r in records]  # the order did change
+    for (a, la, ma), (b, lb, mb) in zip(plain, cached):
+        assert torch.equal(a, b) and torch.equal(la, lb) and ma == mb
+
+
+def test_cache_ram_shared_by_two_processes_of_a_machine_is_told_not_read_from_the_environment(tmp_path, monkeypatch):
+    # Two "ranks" as two threads: what cache_images needs of the other processes comes in the NodeShare, so no
+    # process group, no LOCAL_RANK: local rank 0 fills one /dev/shm file, rank 1 maps it, and the name is removed.
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    for key in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    records = L.load_verified([rect_dataset(tmp_path, n=3, w=80, h=60)], nc=4, split_name="train")
+    barrier, calls = threading.Barrier(2, timeout=60), []
+
+    def rank(local_rank):
+        share = NodeShare(local_rank, 2, f"test-{os.getpid()}", lambda objects: calls.append("broadcast"), barrier.wait)
+        return cache_images(records, 64, share=share)
+
+    with ThreadPoolExecutor(2) as pool:
+        filled, mapped = pool.map(rank, (0, 1))
+    assert calls == ["broadcast"] * 2
+    plain = cache_images(records, 64)
+    assert all(np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(plain, filled, mapped))
+    name = mapped[0].filename  # np.memmap's views keep the file's name
+    assert (
+        filled[0].filename == name
+        and name.startswith("/dev/shm/yolo-cache-")
+        and not os.path.exists(name)
+        and not mapped[0].flags.writeable
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -807,7 +855,7 @@ def assert_same_batches(a, b):
 
 def test_same_batches_with_0_1_and_2_workers_and_after_a_mid_epoch_restart(tmp_path):
     folder = rect_dataset(tmp_path, n=6, w=80, h=64)
-    records = D.load_verified([folder], nc=4, split_name="train")
+    records = L.load_verified([folder], nc=4, split_name="train")
     dataset = D.TrainDataset(records, 64, dict(HYP, mixup=0.5), seed=7)
     # 6 images, batch 2: 3 batches per epoch; 5 batches cross into the second epoch
     reference = loader_batches(dataset, D.EpochBatchSampler(6, 2, seed=7), 0, 5)
@@ -884,7 +932,7 @@ def test_validation_rectangular_batches_map_back_to_original_pixels(tmp_path):
         p = write_image(folder / f"v{k}.png", w, h, rects)
         write_labels(p, w, h, rects)
         truth[str(p)] = np.array([r[:4] for r in rects], float)
-    records = D.load_verified([folder], nc=4, split_name="val")
+    records = L.load_verified([folder], nc=4, split_name="val")
     for imgsz in (64, 128):
         val = D.ValDataset(records, imgsz, batch_size=2)
         assert sorted(r["im"] for r in val.records) == sorted(truth)
@@ -896,7 +944,7 @@ def test_validation_rectangular_batches_map_back_to_original_pixels(tmp_path):
             shapes.append((h, w))
             aspects += [m["shape"][0] / m["shape"][1] for m in metas]
             for j, meta in enumerate(metas):
-                assert tuple(meta["shape"]) == tuple(D.read_image(meta["path"]).shape[:2])  # the original size is kept
+                assert tuple(meta["shape"]) == tuple(read_image(meta["path"]).shape[:2])  # the original size is kept
                 boxes = targets[targets[:, 0] == j][:, 2:]
                 back = scale_boxes_to_original(boxes, meta["ratio"], meta["pad"], meta["shape"])
                 assert np.abs(back.numpy() - truth[meta["path"]]).max() <= 1.0, meta["path"]
@@ -932,14 +980,14 @@ def test_shapes_set_is_deterministic_and_generated_on_first_use(tmp_path):
         "path: generated\ntrain: images/train\nval: images/val\nnames: [" + ", ".join(NAMES) + "]\n"
         "generated_by: utils/shapes.py\ngenerator_settings: {n_train: 4, n_val: 2, size: 64}\n"
     )
-    data = D.load_dataset_yaml(tmp_path / "shapes.yaml")
-    assert len(D.list_images(data["train"])) == 4 and len(D.list_images(data["val"])) == 2
+    data = load_dataset_yaml(tmp_path / "shapes.yaml")
+    assert len(L.list_images(data["train"])) == 4 and len(L.list_images(data["val"])) == 2
     stamp = (tmp_path / "generated" / "images" / "train" / "train_00000.jpg").stat().st_mtime_ns
-    D.load_dataset_yaml(tmp_path / "shapes.yaml")
+    load_dataset_yaml(tmp_path / "shapes.yaml")
     assert (tmp_path / "generated" / "images" / "train" / "train_00000.jpg").stat().st_mtime_ns == stamp
     # Regenerated with fewer images: no stale file of the bigger set stays behind.
     make_shapes(tmp_path / "generated", n_train=2, n_val=1, size=64)
-    assert len(D.list_images([tmp_path / "generated" / "images" / "train"])) == 2
+    assert len(L.list_images([tmp_path / "generated" / "images" / "train"])) == 2
     assert len(list((tmp_path / "generated" / "labels" / "train").glob("*.txt"))) <= 2
 
 
@@ -1088,15 +1136,15 @@ def test_dataset_defaults_take_the_flag_type_and_never_override_a_given_flag(tmp
     parser.add_argument("--cache", default="")
     args = parser.parse_args(["--lr0", "0.003"])
     data = {"yaml": tmp_path / "d.yaml", "defaults": {"epochs": "7", "lr0": 0.005, "cache": "ram"}}
-    D.apply_dataset_defaults(args, parser, data, given_flags={"lr0"})
+    apply_dataset_defaults(args, parser, data, given_flags={"lr0"})
     assert (args.epochs, args.lr0, args.cache) == (7, 0.003, "ram")
     for defaults, named in [
         ({"epoch": 7}, "'epoch'"),
         ({"epochs": "many"}, "'epochs' to 'many'"),
         ({"epochs": [7]}, "'epochs' to \\[7\\]"),
     ]:
-        with pytest.raises(D.DatasetError, match=named) as error:
-            D.apply_dataset_defaults(args, parser, {**data, "defaults": defaults}, given_flags=set())
+        with pytest.raises(DatasetError, match=named) as error:
+            apply_dataset_defaults(args, parser, {**data, "defaults": defaults}, given_flags=set())
         assert "d.yaml" in str(error.value)
 
 
@@ -1104,7 +1152,7 @@ def test_dataset_yaml_defaults_must_be_a_mapping(tmp_path):
     make_shapes(tmp_path / "s", n_train=2, n_val=1, seed=0, size=64)
     cfg = tmp_path / "d.yaml"
     cfg.write_text("path: s\ntrain: images/train\nval: images/val\nnames: [a]\ndefaults: [epochs, 7]\n")
-    with pytest.raises(D.DatasetError, match="d.yaml: key 'defaults' must be a mapping"):
-        D.load_dataset_yaml(cfg)
+    with pytest.raises(DatasetError, match="d.yaml: key 'defaults' must be a mapping"):
+        load_dataset_yaml(cfg)
     cfg.write_text("path: s\ntrain: images/train\nval: images/val\nnames: [a]\n")
-    assert D.load_dataset_yaml(cfg)["defaults"] == {}
+    assert load_dataset_yaml(cfg)["defaults"] == {}

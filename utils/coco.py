@@ -111,11 +111,11 @@ def coco_to_yolo(json_path, labels_dir):
 
 def yolo_to_coco(sources, names):
     """A COCO instances dict from YOLO images + labels (folders or .txt lists). Every image is verified
-    first (see utils.data.verify_one): broken ones are left out and returned with their reason.
+    first (see utils.labels.verify_one): broken ones are left out and returned with their reason.
     Image and annotation ids start at 1; category id = class index (records_to_coco's convention);
     file_name is the path relative to the images' common folder; boxes rounded to 1e-3 px.
     Returns (dict, problems)."""
-    from utils.data import list_images, verify_one
+    from utils.labels import list_images, verify_one
 
     files = list_images(sources)
     common = Path(os.path.commonpath([str(Path(f).parent) for f in files])) if files else Path(".")

@@ -1,10 +1,12 @@
 """DDP set-up for torchrun (one or many nodes) and SLURM's srun, and the few collectives train.py needs."""
 
 import datetime
+import functools
 import os
 import shlex
 import sys
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -55,6 +57,33 @@ def setup_distributed(device_arg):
     dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if backend == "nccl" else None)
     flags_group = dist.new_group(backend="gloo", timeout=TIMEOUT) if backend == "nccl" else dist.group.WORLD
     return device, rank, local_rank, world_size, flags_group
+
+
+class NodeShare(NamedTuple):
+    """What the processes of one machine need to share one thing between them (utils.images.cache_images:
+    one copy of the decoded images): who they are, a name unique to the run, and the collectives to agree by."""
+
+    local_rank: int
+    local_world_size: int  # the processes of this machine (1: this one alone)
+    run_key: str  # the same on every rank of this run, different for another run on the machine
+    broadcast: Callable[[list], None]  # replaces the list's items by rank 0's, on every rank
+    barrier: Callable[[], None]
+
+
+def node_share(local_rank, world_size, group=None):
+    """This process's NodeShare, called after setup_distributed (on every rank: the collectives are then
+    called on all of them). The environment is read here, not in the code that uses it: LOCAL_WORLD_SIZE
+    (torchrun sets it; setup_distributed does under srun) and MASTER_PORT (two runs on one machine listen
+    on two ports)."""
+    if world_size == 1:
+        return NodeShare(0, 1, "", lambda objects: None, lambda: None)
+    return NodeShare(
+        local_rank,
+        int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+        str(os.environ.get("MASTER_PORT")),
+        functools.partial(dist.broadcast_object_list, src=0, group=group),
+        functools.partial(dist.barrier, group=group),
+    )
 
 
 def gpu_of_local_rank(gpus, local_rank, visible):

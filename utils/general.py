@@ -1,4 +1,5 @@
-"""Small helpers the scripts share: logging, run folders, atomic writes, seeds (crash reports: utils/faults.py).
+"""Small helpers the scripts share: logging, command-line settings (flags given, a dataset's defaults, the
+worker count), run folders, atomic writes, seeds (crash reports: utils/faults.py).
 
 numpy and torch are imported inside the functions that use them: sweep.py imports this module and
 must start in a fraction of a second, without torch.
@@ -12,6 +13,8 @@ import re
 import sys
 import time
 from pathlib import Path
+
+from utils.dataset_yaml import DatasetError
 
 
 def setup_logging(log_file=None, rank=0):
@@ -39,6 +42,30 @@ def explicit_flags(parser, argv):
             if any(a == option or a.startswith(option + "=") for a in argv):
                 given.add(action.dest)
     return given
+
+
+def apply_dataset_defaults(args, parser, data, given_flags):
+    """Set the settings a dataset yaml recommends under `defaults:` (shapes.yaml does) on `args`, except
+    those given as flags: a flag written on the command line wins. Values take the type of the flag."""
+    for key, value in data["defaults"].items():
+        if not hasattr(args, key):
+            raise DatasetError(f"{data['yaml']}: key 'defaults' names '{key}', which is not a train.py setting")
+        if key in given_flags:
+            continue
+        default = parser.get_default(key)
+        try:
+            setattr(args, key, value if default is None or isinstance(default, bool) else type(default)(value))
+        except (TypeError, ValueError):  # "many" or [7] for an int
+            raise DatasetError(
+                f"{data['yaml']}: key 'defaults' sets '{key}' to {value!r}, which is not a {type(default).__name__}"
+            ) from None
+
+
+def default_workers(local_world_size=1, most=None):
+    """The cores this process may use, shared out between the `local_world_size` processes of its machine (at
+    least 1, at most `most`): the default number of data-loader workers, and of label verification workers."""
+    workers = max(1, len(os.sched_getaffinity(0)) // local_world_size)
+    return min(workers, most) if most else workers
 
 
 def start_results_csv(path, columns, resumed_epoch=None):

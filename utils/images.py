@@ -1,0 +1,156 @@
+"""Images: reading one (RGB), resizing it for training, and --cache ram, the decoded and resized images
+of a split held in memory (one copy per machine under DDP).
+
+Images are read with cv2 (BGR) and converted to RGB once, in `read_image`; everything after
+works on uint8 RGB; the training loop divides by 255 on the device (pitfalls D1-D4: channel order
+and value range mixed up between libraries).
+
+Nothing here reads the environment or calls torch.distributed: cache_images is told about the other
+processes of its machine (utils.distributed.node_share), so a dataset can be built on any rank alone.
+"""
+
+import hashlib
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import cv2
+import numpy as np
+from tqdm import tqdm
+
+from utils.records import as_records
+
+log = logging.getLogger("yolo")
+
+
+def read_image(path):
+    """Read an image as RGB uint8, EXIF orientation applied (cv2.imread does), or None."""
+    img = cv2.imread(path, cv2.IMREAD_COLOR)
+    if img is None:
+        return None
+    # pitfalls D1-D2: cv2 reads BGR, the model and the HSV code expect RGB: convert once, here
+    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+
+
+def load_resized(record, imgsz, cache=None, index=None):
+    """RGB uint8 image resized so its long side is imgsz, and its labels in pixels of that size."""
+    img = cache[index] if cache is not None and cache[index] is not None else None
+    if img is None:
+        img = read_image(record["im"])
+        if img is None:
+            raise OSError(f"image {record['im']} can no longer be read")
+        h, w = img.shape[:2]
+        r = imgsz / max(h, w)
+        if r != 1:  # resized_shapes: the one rounding rule, also behind the RAM cache's buffer
+            nh, nw = resized_shapes((h, w), imgsz)[0]
+            img = cv2.resize(img, (int(nw), int(nh)), interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR)
+    h, w = img.shape[:2]
+    labels = np.array(record["labels"], dtype=np.float32).reshape(-1, 5)
+    labels[:, [1, 3]] *= w
+    labels[:, [2, 4]] *= h
+    return img, labels
+
+
+def resized_shapes(shapes, imgsz):
+    """(h, w) of each image after load_resized, from the (h, w) as read: the long side becomes imgsz, the
+    short one is rounded, and never below 1 px (utils/boxes.resized_side's rule, for many shapes at once)."""
+    shapes = np.asarray(shapes, dtype=np.int64).reshape(-1, 2)
+    r = imgsz / shapes.max(1, keepdims=True)
+    return np.maximum(1, np.round(shapes * r)).astype(np.int64)  # round half to even, as Python's round()
+
+
+def available_memory():
+    """Bytes of RAM the kernel can give without swapping (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def cache_images(records, imgsz, workers=8, share=None):
+    """--cache ram: decode and resize every image once, into one buffer, before the workers fork (they
+    share its pages). Returns one image (or None: unreadable, read from disk when drawn) per record, in the
+    records' order, or None when it does not fit: the memory it needs is estimated from the image sizes and
+    compared with what is free first, one warning instead of the kernel killing the run hours later.
+
+    share (utils.distributed.NodeShare; None: this process alone): under DDP, the processes of one machine
+    share one copy, a file in /dev/shm that local rank 0 fills and every process maps; it is unlinked as
+    soon as all have mapped it, so nothing is left behind, even after a kill -9. Every rank must then call
+    this, with the same records: it runs collectives."""
+    records = as_records(records)
+    shapes = resized_shapes(records.shapes, imgsz)
+    offsets = np.concatenate(([0], np.cumsum(shapes[:, 0] * shapes[:, 1] * 3)))
+    shared = share is not None and share.local_world_size > 1 and os.path.isdir("/dev/shm")
+    copies = 1 if shared or share is None else share.local_world_size  # unshared, each process holds its own
+    if not _fits(len(records), imgsz, int(offsets[-1]) * copies, copies, share if shared else None):
+        return None
+    # One buffer: every image, then one byte per image (1: cached; 0: unreadable, read again when drawn).
+    size = int(offsets[-1]) + len(records)
+    fills = not shared or share.local_rank == 0
+    if shared:
+        key = hashlib.sha256(records.path_bytes.tobytes() + f"{imgsz}|{share.run_key}".encode())
+        path = f"/dev/shm/yolo-cache-{key.hexdigest()[:16]}"
+        buffer = np.memmap(path, np.uint8, "w+", shape=(size,)) if fills else None
+    else:
+        buffer = np.empty(size, np.uint8)
+    if fills:
+        _fill(buffer, records, imgsz, shapes, offsets, workers)
+    if shared:
+        buffer = _map_on_every_process(buffer, path, size, share)
+    cached = buffer[offsets[-1] :]
+    images = [
+        buffer[offsets[i] : offsets[i + 1]].reshape(h, w, 3) if cached[i] else None for i, (h, w) in enumerate(shapes)
+    ]
+    where = f", one copy shared by the {share.local_world_size} processes of this machine" if shared else ""
+    log.info(f"cached {len(records)} images in RAM ({offsets[-1] / 1e9:.2f} GB{where})")
+    return images
+
+
+def _fits(n, imgsz, need, copies, share):
+    """Whether `need` bytes fit in the free memory with 20% to spare (the rest is for the model, workers, the
+    OS); else one warning. With a share, rank 0's verdict for all: every process must take the same way
+    through the collectives that follow."""
+    free = available_memory()
+    fits = free is None or need <= 0.8 * free
+    if share is not None:
+        verdict = [fits]
+        share.broadcast(verdict)
+        fits = verdict[0]
+    if not fits:
+        log.warning(
+            f"--cache ram: {n} images at {imgsz} px need {need / 1e9:.1f} GB "
+            f"({copies} {'copy' if copies == 1 else 'copies'}) but {(free or 0) / 1e9:.1f} GB of RAM are free; "
+            "training without the RAM cache (images are read from disk each time)"
+        )
+    return fits
+
+
+def _fill(buffer, records, imgsz, shapes, offsets, workers):
+    """Decode and resize every image into its place in `buffer`, and mark it cached (or not) in the last bytes."""
+
+    def fill(i):
+        try:
+            image = buffer[offsets[i] : offsets[i + 1]].reshape(shapes[i][0], shapes[i][1], 3)
+            image[...] = load_resized(records[i], imgsz)[0]
+            buffer[offsets[-1] + i] = 1
+        except (OSError, ValueError):  # unreadable now, or another size than at verification
+            buffer[offsets[-1] + i] = 0
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(tqdm(pool.map(fill, range(len(records))), total=len(records), desc="caching images", leave=False))
+
+
+def _map_on_every_process(buffer, path, size, share):
+    """The /dev/shm file local rank 0 filled, mapped read-only by the others; its name is removed once every
+    process has mapped it (the memory stays while mapped). Returns this process's mapping."""
+    fills = share.local_rank == 0
+    if fills:
+        buffer.flush()
+    share.barrier()  # filled
+    if not fills:
+        buffer = np.memmap(path, np.uint8, "r", shape=(size,))
+    share.barrier()  # mapped everywhere: the name can go, the memory stays while mapped
+    if fills:
+        os.unlink(path)
+    return buffer

@@ -1,0 +1,355 @@
+"""Labels: what a split is made of, and whether it can be trained on. The image files of a split (the
+sources utils/dataset_yaml.py resolved), their label files, the verification of every image/label pair,
+and the label cache that makes that verification a one-time cost.
+
+Nothing here imports torch: data/yolo2coco.py and utils/coco.py read datasets without it.
+"""
+
+import functools
+import glob
+import hashlib
+import logging
+import multiprocessing
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+from utils.dataset_yaml import DatasetError
+from utils.general import atomic_write, default_workers, write_text_atomic  # tests replace the writers (read-only)
+from utils.records import Records, as_records
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".dng", ".mpo", ".pfm"}
+CACHE_VERSION = 3  # bump when the record or the checks change: old caches are then rebuilt
+VERIFY_IN_PROCESSES_FROM = 2000  # images; fewer are verified in threads (a process pool costs ~0.1 s to start)
+COORD_TOLERANCE = 0.01  # coordinates this far outside [0, 1] are clipped; further out, the file is rejected
+log = logging.getLogger("yolo")
+
+
+# ---------------------------------------------------------------------------------------------
+# The files of a split
+# ---------------------------------------------------------------------------------------------
+
+
+def list_images(sources):
+    """Image files from folders (recursive) and .txt lists (one path per line, relative to the list)."""
+    files = []
+    for src in sources:
+        src = Path(src)
+        if not src.exists():
+            raise DatasetError(f"{src} does not exist")
+        if src.is_dir():
+            files += [
+                p for p in glob.glob(str(src / "**" / "*"), recursive=True) if Path(p).suffix.lower() in IMAGE_SUFFIXES
+            ]
+        elif src.suffix == ".txt":
+            for line in src.read_text().splitlines():
+                line = line.strip()
+                if line:
+                    p = Path(line)
+                    files.append(str(p if p.is_absolute() else (src.parent / p)))
+        elif src.suffix.lower() in IMAGE_SUFFIXES:
+            files.append(str(src))
+        else:
+            raise DatasetError(f"{src} is neither a folder, a .txt list nor an image")
+    return sorted(set(os.path.normpath(f) for f in files))
+
+
+def label_path(image_path):
+    """The YOLO convention: .../images/x.jpg -> .../labels/x.txt (the last /images/ is swapped)."""
+    head, sep, tail = image_path.rpartition(f"{os.sep}images{os.sep}")
+    base = f"{head}{os.sep}labels{os.sep}{tail}" if sep else image_path
+    return os.path.splitext(base)[0] + ".txt"
+
+
+# ---------------------------------------------------------------------------------------------
+# Verification
+# ---------------------------------------------------------------------------------------------
+
+
+class _Corrupt(Exception):
+    """Raised by verify_one's helpers for a file it excludes; the message is the reason."""
+
+
+def jpeg_is_complete(path):
+    """A JPEG must end with its end-of-image marker (FF D9); a truncated one still decodes in cv2
+    (grey bottom, a warning on stderr), so decoding alone does not catch it. Padding after the
+    marker (zeros, FF fill, a newline) is common and harmless."""
+    return _tail(path).rstrip(b"\x00\xff\r\n\t ").endswith(b"\xff\xd9")
+
+
+def png_is_complete(path):
+    """A PNG ends with its IEND chunk; a header read alone would not notice a truncated file."""
+    return b"IEND\xaeB`\x82" in _tail(path)
+
+
+def _tail(path, n=1024):
+    with open(path, "rb") as f:
+        f.seek(max(os.path.getsize(path) - n, 0))
+        return f.read()
+
+
+def header_shape(path):
+    """(h, w) read from the image's header (~0.1 ms, against 1-3 ms to decode a 640 px JPEG), as cv2.imread
+    will return the image; None when the header cannot tell: a format PIL does not read, not an image at all,
+    or an EXIF rotation (cv2 applies it: then the caller decodes, and gets the size cv2 will use)."""
+    try:
+        with Image.open(path) as image:
+            if image.getexif().get(0x0112, 1) != 1:  # the EXIF orientation tag
+                return None
+            w, h = image.size
+            return h, w
+    except Exception:  # PIL raises a dozen different types for files it cannot parse; the caller decides
+        return None
+
+
+def verify_one(image_path, nc):
+    """Check one image and its label file; never modifies them. Returns (status, record, note):
+    status in labelled / background / empty / missing / corrupt; record (None when the image is
+    excluded) is what the dataset keeps; note says what was wrong or what was fixed."""
+    lp = label_path(image_path)
+    try:
+        if not os.path.exists(image_path):
+            return "missing", None, "image not found"
+        h, w = _image_shape(image_path)
+        if not os.path.exists(lp):
+            return "background", {"im": image_path, "shape": [h, w], "labels": []}, ""
+        rows, duplicates = _label_rows(lp, nc)
+        note = f"{duplicates} duplicate label rows removed" if duplicates else ""
+        return (
+            ("labelled" if rows else "empty"),
+            {"im": image_path, "shape": [h, w], "labels": rows, "dup": duplicates},
+            note,
+        )
+    except _Corrupt as e:
+        return "corrupt", None, str(e)
+    except UnicodeDecodeError:
+        return "corrupt", None, f"label {lp} is not a text file"
+    except (OSError, cv2.error) as e:
+        return "corrupt", None, f"cannot be read ({e})"
+
+
+def _image_shape(image_path):
+    """(h, w) of an image training can use, checked the cheap way first: its end markers and its header."""
+    if os.path.getsize(image_path) == 0:
+        raise _Corrupt("image file is empty (0 bytes)")
+    with open(image_path, "rb") as f:
+        magic = f.read(8)
+    if magic[:3] == b"\xff\xd8\xff" and not jpeg_is_complete(image_path):  # by content: suffixes lie
+        raise _Corrupt("truncated JPEG (no end-of-image marker)")
+    if magic == b"\x89PNG\r\n\x1a\n" and not png_is_complete(image_path):
+        raise _Corrupt("truncated PNG (no IEND chunk)")
+    shape = header_shape(image_path)
+    if shape is None:
+        img = cv2.imread(image_path, cv2.IMREAD_COLOR)  # applies the EXIF orientation, as training will
+        if img is None:
+            raise _Corrupt("not a readable image (cannot be decoded)")
+        shape = img.shape[:2]
+    h, w = shape
+    if h < 10 or w < 10:
+        raise _Corrupt(f"image is only {w}x{h} pixels")
+    return h, w
+
+
+def _label_rows(lp, nc):
+    """The label file's boxes as [cls, x1, y1, x2, y2] rows, duplicates dropped, and how many were dropped."""
+    rows, duplicates, seen = [], 0, set()
+    with open(lp, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.split():
+                continue
+            row = _label_row(line, nc, f"label {lp} line {line_no}")
+            key = (row[0], *(round(v, 6) for v in row[1:]))
+            if key in seen:
+                duplicates += 1
+                continue
+            seen.add(key)
+            rows.append(row)
+    return rows, duplicates
+
+
+def _label_row(line, nc, where):
+    """One line (class cx cy w h, or a polygon) as [cls, x1, y1, x2, y2], normalised and clipped to 0..1."""
+    parts = line.split()
+    try:
+        values = [float(v) for v in parts]
+    except ValueError:
+        raise _Corrupt(f"{where}: not numbers: {line.strip()[:60]!r}") from None
+    if not all(np.isfinite(values)):
+        raise _Corrupt(f"{where}: a value is not finite")
+    if len(values) > 5 and len(values) % 2 == 1:  # a polygon (segment) row: keep its box
+        xs, ys = values[1::2], values[2::2]
+        values = [values[0], (min(xs) + max(xs)) / 2, (min(ys) + max(ys)) / 2, max(xs) - min(xs), max(ys) - min(ys)]
+    if len(values) != 5:
+        raise _Corrupt(f"{where}: expected 5 values (class cx cy w h), got {len(values)}")
+    cls, cx, cy, bw, bh = values
+    if cls != int(cls) or not 0 <= cls < nc:
+        raise _Corrupt(f"{where}: class {parts[0]} is not an integer in 0..{nc - 1}")
+    if bw <= 0 or bh <= 0:
+        raise _Corrupt(f"{where}: box has zero or negative size")
+    x1, y1, x2, y2 = cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2
+    if min(x1, y1) < -COORD_TOLERANCE or max(x2, y2) > 1 + COORD_TOLERANCE:
+        raise _Corrupt(f"{where}: box is outside the image (coordinates must be normalised to 0..1)")
+    x1, y1, x2, y2 = (min(max(v, 0.0), 1.0) for v in (x1, y1, x2, y2))  # just outside: clip
+    return [int(cls), x1, y1, x2, y2]
+
+
+# ---------------------------------------------------------------------------------------------
+# The label cache
+# ---------------------------------------------------------------------------------------------
+
+
+def files_fingerprint(image_files):
+    """Changes when any image or label is added, removed, resized or touched."""
+    h = hashlib.sha256()
+    for f in image_files:
+        for p in (f, label_path(f)):
+            try:
+                st = os.stat(p)
+                h.update(f"{p}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+            except OSError:
+                h.update(f"{p}|-\n".encode())
+    return h.hexdigest()
+
+
+def cache_dir():
+    """Where the label cache goes when the dataset folder is read-only (a shared mount)."""
+    return Path(
+        os.environ.get("YOLO_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "yolo"
+    )
+
+
+def cache_locations(sources, image_files):
+    """(cache, log) path pairs: next to the labels first, the user's cache folder second.
+    The name carries a digest of the split's sources, so a train.txt and a val.txt listing images
+    of the same folder do not overwrite each other's cache and log."""
+    labels = Path(label_path(image_files[0])).parent
+    if not labels.is_dir():  # no label at all (all background): next to the images, never a folder of ours
+        labels = Path(image_files[0]).parent
+    digest = hashlib.sha256("\n".join(sorted(str(Path(s).resolve()) for s in sources)).encode()).hexdigest()
+    stem = f"{labels.name}.{digest[:8]}"
+    elsewhere = f"{stem}.{hashlib.sha256(str(labels.resolve()).encode()).hexdigest()[:8]}"
+    return [
+        (labels.with_name(stem + ".cache.npz"), labels.with_name(stem + ".verify.log")),
+        (cache_dir() / (elsewhere + ".cache.npz"), cache_dir() / (elsewhere + ".verify.log")),
+    ]
+
+
+def read_cache(cache_path, fingerprint, nc):
+    """(Records, meta) of a cache written for exactly these files and this class count, else None."""
+    try:
+        records, meta = Records.load(cache_path)
+        if meta.get("version") == CACHE_VERSION and meta.get("fingerprint") == fingerprint and meta.get("nc") == nc:
+            return records, meta
+    except (OSError, ValueError, KeyError, AttributeError):
+        pass  # missing or unreadable: verified again
+    return None
+
+
+def load_verified(sources, nc, split_name="", workers=None):
+    """Verify every image/label of a split once and cache the result next to the labels.
+    Returns the good records as utils.records.Records (flat arrays; records[i] is {"im", "shape" (h, w),
+    "labels" (k, 5) [cls, x1, y1, x2, y2] normalised}). The cache is a binary .npz that loads in a fraction
+    of a second. Never writes to the user's images or labels; a read-only dataset folder works (cache elsewhere).
+    workers: how many verify at once (default: every core this process may use; under DDP the caller shares
+    the machine's cores out, utils.general.default_workers)."""
+    image_files = list_images(sources)
+    if not image_files:
+        raise DatasetError(f"no images found in {', '.join(str(s) for s in sources) or 'an empty list of sources'}")
+    fingerprint = files_fingerprint(image_files)
+    locations = cache_locations(sources, image_files)
+    for cache_path, log_path in locations:
+        cached = read_cache(cache_path, fingerprint, nc)
+        if cached is not None:
+            records, meta = cached
+            print_verification_totals(meta["totals"], split_name, log_path, meta["problems"], cached=True)
+            return records
+
+    records, totals, problems = _verify_all(image_files, nc, split_name, workers or default_workers())
+    meta = {"version": CACHE_VERSION, "fingerprint": fingerprint, "nc": nc, "totals": totals, "problems": problems}
+    written = _write_cache(locations, records, meta, split_name)
+    print_verification_totals(totals, split_name, written, problems, cached=False)
+    if not records:
+        raise DatasetError(
+            f"none of the {len(image_files)} {split_name} images is usable"
+            + (f" (reasons in {written})" if written else f" (e.g. {problems[0]})")
+        )
+    return records
+
+
+def _verify_all(image_files, nc, split_name, workers):
+    """verify_one on every file: (Records of the usable ones, totals by status, one line per problem)."""
+    totals = dict.fromkeys(("found", "labelled", "background", "empty", "missing", "corrupt", "duplicates"), 0)
+    records, problems = [], []
+    # Header and label parsing is Python, held by the GIL: a large set is spread over processes, one per
+    # core this process may use (~8 s for COCO's 118k images on 8 cores); a small one runs in threads.
+    processes = len(image_files) >= VERIFY_IN_PROCESSES_FROM and workers > 1
+    pool = multiprocessing.get_context("fork").Pool(workers) if processes else ThreadPoolExecutor(workers)
+    with pool:
+        check = functools.partial(verify_one, nc=nc)
+        results = pool.imap(check, image_files, chunksize=64) if processes else pool.map(check, image_files)
+        for image_path, (status, record, note) in tqdm(
+            zip(image_files, results), total=len(image_files), desc=f"verifying {split_name} images", leave=False
+        ):
+            totals["found"] += 1
+            totals[status] += 1
+            if record is not None:
+                totals["duplicates"] += record.pop("dup", 0)
+                records.append(record)
+            if note:  # one line per file: status, path, reason (fixed = kept after a repair in memory)
+                problems.append(f"{status if record is None else 'fixed'}\t{image_path}\t{note}")
+    return Records.from_dicts(records), totals, problems
+
+
+def _write_cache(locations, records, meta, split_name):
+    """Write the cache and the problem log at the first of `locations` that takes them; returns that log's
+    path, or None where none could be written (then the split is verified again next time)."""
+    error = None
+    for i, (cache_path, log_path) in enumerate(locations):
+        try:
+            if i:  # our own cache folder may not exist yet; the user's folders are never created
+                cache_path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(log_path, "".join(p + "\n" for p in meta["problems"]))
+            atomic_write(cache_path, lambda f: records.save(f, meta))
+            if i:
+                log.warning(
+                    f"{split_name}: cannot write the label cache next to the labels ({error}); "
+                    f"it is in {cache_path.parent}"
+                )
+            return log_path
+        except OSError as e:
+            error = e
+    log.warning(
+        f"{split_name}: cannot write the label cache {locations[0][0]} ({error}); verification will run again next time"
+    )
+    return None
+
+
+def single_class(records):
+    """--single-cls: the same records with every box of class 0 (the cached records are not changed)."""
+    return as_records(records).single_class()
+
+
+def print_verification_totals(totals, split_name, log_path, problems, cached):
+    """One line of totals; when files were excluded, the log file's path and the first few reasons."""
+    t = totals
+    excluded = t["missing"] + t["corrupt"]
+    log.info(
+        f"{split_name} images: {t['found']} found, {t['labelled']} labelled, {t['background'] + t['empty']} background "
+        f"({t['background']} without label file, {t['empty']} with an empty one), "
+        f"{t['missing']} missing, {t['corrupt']} corrupt"
+        + (f", {t['duplicates']} duplicate label rows removed" if t["duplicates"] else "")
+        + (" (from the cache)" if cached else "")
+    )
+    if excluded or t["duplicates"]:
+        where = f"every file and its reason is in {log_path}" if log_path else "the reasons follow"
+        log.warning(f"{split_name}: {excluded} of {t['found']} images excluded; {where}")
+        shown = problems if not log_path else problems[:5]
+        for p in shown:
+            log.warning("  " + p.replace("\t", "  "))
+        if len(problems) > len(shown):
+            log.warning(f"  ... and {len(problems) - len(shown)} more")
