@@ -21,15 +21,13 @@ import torch.nn.functional as F
 import yaml
 from tqdm import tqdm
 
-from models.yolo import SCALES, YOLO, class_width, count_gflops, count_parameters, load_matching
+from models.yolo import YOLO, architecture, class_width, count_gflops, count_parameters, load_matching
 from utils.autobatch import batch_from_memory
 from utils.checkpoint import (
     FORMAT,
     CheckpointError,
     checkpoint_weights,
     load_checkpoint,
-    resume_arguments,
-    resumed_batch,
     rng_states,
     save_checkpoint,
     set_rng_states,
@@ -46,25 +44,16 @@ from utils.data import (
 from utils.dataset_yaml import DatasetError, load_dataset_yaml
 from utils.distributed import amp_dtype_for, any_rank, barrier, make_run_dir, node_share, setup_distributed, wrap_ddp
 from utils.ema import ModelEMA, unwrap
-from utils.evaluate import evaluate, format_table
+from utils.evaluate import epoch_metrics, evaluate, format_table
 from utils.faults import StopRequest, abort_run, install_crash_handler, realign_ddp, too_large_batch
-from utils.general import (
-    Benchmark,
-    append_results_row,
-    apply_dataset_defaults,
-    default_workers,
-    explicit_flags,
-    open_tensorboard,
-    seed_everything,
-    setup_logging,
-    start_profiler,
-    start_results_csv,
-)
+from utils.general import seed_everything, setup_logging
 from utils.images import cache_images
-from utils.labels import load_verified, single_class
+from utils.labels import load_verified, select_records
 from utils.loss import DetectionLoss
+from utils.monitor import Benchmark, append_results_row, open_tensorboard, start_profiler, start_results_csv
 from utils.optim import accumulation_windows, build_optimizer, load_optimizer_state, optimizer_step, set_learning_rate
 from utils.plots import in_background, plot_batch, plot_evaluation, plot_labels, plot_results
+from utils.settings import apply_dataset_defaults, default_workers, explicit_flags, resume_arguments, resumed_batch
 
 # -----------------------------------------------------------------------------------------------
 # Hyperparameters (each is also a flag: --lr0 0.02, --close-mosaic 5, ...)
@@ -182,16 +171,11 @@ try:  # rank 0 verifies the labels and writes the label cache; the others then r
         barrier(world_size, flags_group)
     if not resume_ckpt:  # a resumed run keeps the settings it started with
         apply_dataset_defaults(args, parser, data, given_flags)
+    train_records, val_records, names, nc = select_records(
+        train_records, val_records, data["names"], args.subset, args.fraction, args.single_cls
+    )
 except DatasetError as e:
     sys.exit(f"error: {e}")
-if args.subset:
-    train_records, val_records = train_records[: args.subset], val_records[: args.subset]
-if not 0 < args.fraction <= 1:
-    sys.exit(f"--fraction {args.fraction} must be in (0, 1]")
-train_records = train_records[: max(1, round(len(train_records) * args.fraction))]
-names, nc = data["names"], data["nc"]
-if args.single_cls:  # one class "object": a detector of where things are, whatever they are
-    names, nc, train_records, val_records = ["object"], 1, single_class(train_records), single_class(val_records)
 if args.imgsz % 32:
     sys.exit(f"--imgsz {args.imgsz} must be a multiple of 32 (the largest stride)")
 
@@ -200,16 +184,9 @@ if args.imgsz % 32:
 init_path = args.model if args.model.endswith(".pt") else args.weights
 try:
     init_ckpt = load_checkpoint(init_path) if init_path and not resume_ckpt else None  # a resume has its own
-except CheckpointError as e:
+    scale = architecture(args.model, resume_ckpt, init_ckpt)
+except (CheckpointError, ValueError) as e:
     sys.exit(f"error: {e}")
-if resume_ckpt:
-    scale = resume_ckpt["scale"]
-elif args.model.endswith(".pt"):
-    scale = init_ckpt["scale"]
-elif args.model in SCALES:
-    scale = args.model
-else:
-    sys.exit(f"error: --model {args.model}: give one of {', '.join(SCALES)} or a .pt file")
 
 use_amp = args.amp if args.amp is not None else device.type == "cuda"
 amp_dtype = amp_dtype_for(device, args.amp_dtype)  # auto: bf16 where the hardware has it, else fp16
@@ -220,10 +197,7 @@ if args.batch == -1:  # measured on the GPU with a model of this run's size (uti
     args.batch = batch_from_memory(probe, largest, device, amp, world_size, default=parser.get_default("batch"))
     probe = None
 if args.batch < 1 or args.batch % world_size:
-    sys.exit(
-        f"--batch {args.batch} must be positive and divisible by the number of processes ({world_size}), "
-        "or -1 (from free GPU memory)"
-    )
+    sys.exit(f"--batch {args.batch} must be positive and divisible by the {world_size} processes, or -1 (measured)")
 batch = args.batch // world_size  # --batch is the total over all GPUs
 accumulate = args.accumulate or max(round(args.nominal_batch / args.batch), 1)
 weight_decay = args.weight_decay * args.batch * accumulate / args.nominal_batch
@@ -513,10 +487,8 @@ for epoch in range(start_epoch, args.epochs):
     if is_main:
         metrics = dict.fromkeys(METRICS, float("nan"))
         if (epoch + 1) % args.val_every == 0 or final_epoch:
-            # The per-epoch number only picks best.pt and fills results.csv: fp16 on CUDA and the vectorised
-            # mAP (utils/evaluate.py fast_map); the final one below is fp32 and pycocotools'
-            half = device.type == "cuda"
-            metrics = evaluate(ema.ema, val_loader, names, device, half=half, fast=True)["metrics"]
+            # only picks best.pt and fills results.csv: fp16 on CUDA, fast_map; the final one below is pycocotools'
+            metrics = epoch_metrics(ema.ema, val_loader, nc, device, half=device.type == "cuda")
             if metrics["mAP50-95"] > best_fitness:
                 best_fitness, best_epoch = metrics["mAP50-95"], epoch + 1
                 best = {

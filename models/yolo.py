@@ -348,6 +348,17 @@ class YOLO(nn.Module):
         return self
 
 
+def architecture(model_arg, resume_ckpt=None, init_ckpt=None):
+    """The scale a run builds: a resumed run's, that of the .pt given as --model, or --model itself."""
+    if resume_ckpt:
+        return resume_ckpt["scale"]
+    if model_arg.endswith(".pt"):
+        return init_ckpt["scale"]
+    if model_arg not in SCALES:
+        raise ValueError(f"--model {model_arg}: give one of {', '.join(SCALES)} or a .pt file")
+    return model_arg
+
+
 def class_width(weights):
     """The class branch's width in a state dict (the input width of its last conv)."""
     return weights["head.cls.0.2.weight"].shape[1]

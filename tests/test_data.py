@@ -30,9 +30,9 @@ from utils.boxes import scale_boxes_to_original
 from utils.coco import coco_to_yolo
 from utils.dataset_yaml import DatasetError, load_dataset_yaml
 from utils.distributed import NodeShare
-from utils.general import apply_dataset_defaults
 from utils.images import cache_images, read_image, resized_shapes
 from utils.records import Records
+from utils.settings import apply_dataset_defaults
 from utils.shapes import NAMES, STYLES, draw_image, make_shapes
 
 REPO = Path(__file__).resolve().parents[1]

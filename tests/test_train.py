@@ -529,7 +529,7 @@ def test_resume_wants_a_last_pt_and_finds_the_newest(tmp_path, monkeypatch):
 
 
 def test_results_csv_of_a_resumed_run_keeps_the_rows_up_to_its_last_save(tmp_path):
-    from utils.general import start_results_csv
+    from utils.monitor import start_results_csv
 
     path = tmp_path / "results.csv"
     start_results_csv(path, ["epoch", "box_loss"])

@@ -5,7 +5,6 @@ stranger cannot run code. It holds what is needed to rebuild the model without t
 command (scale, nc, names, imgsz); last.pt adds the whole training state for an exact resume.
 """
 
-import argparse
 import glob
 import os
 import random
@@ -77,29 +76,6 @@ def load_resume_checkpoint(path=None):
     if "optimizer" not in checkpoint:
         raise CheckpointError(f"{path} holds no training state (best.pt has none); resume from last.pt")
     return str(path), checkpoint
-
-
-def resume_arguments(parser, args, given_flags):
-    """--resume: (the arguments to continue with, the last.pt). A resumed run keeps the arguments it started with;
-    only where and how it runs may change (another machine: its devices, its cores, and where given, the AMP its
-    GPU supports and the batch its GPUs fit). CheckpointError for a missing or unusable file."""
-    path, ckpt = load_resume_checkpoint(args.resume if isinstance(args.resume, str) else None)
-    changeable = ["device", "workers"] + [k for k in ("amp", "amp_dtype", "batch") if k in given_flags]
-    where = {k: getattr(args, k) for k in changeable}
-    resumed = argparse.Namespace(**{**vars(parser.parse_args([])), **ckpt["args"], **where, "resume": path})
-    resumed.out = str(Path(path).parents[1])
-    return resumed, ckpt
-
-
-def resumed_batch(args, ckpt, world_size, batch_given):
-    """(--batch, --accumulate) of a run resumed on `world_size` processes. On another number of GPUs each keeps
-    the images it had (the saved total would put several GPUs' worth on each, and run out of memory), unless
-    --batch was given; an explicit accumulation scales so that a step still sees as many images. The schedule
-    then continues, though not bitwise as on the original GPUs."""
-    saved = ckpt["args"]["batch"]
-    batch = args.batch if batch_given else saved // ckpt.get("world_size", world_size) * world_size
-    accumulate = max(1, round(args.accumulate * saved / batch)) if args.accumulate else 0
-    return batch, accumulate
 
 
 def find_best_checkpoint(root="runs/train"):

@@ -18,7 +18,7 @@ class DatasetError(ValueError):
 def load_dataset_yaml(path):
     """Read a YOLOv5/Ultralytics dataset yaml. Returns a dict with `root`, `train`, `val`, `test`
     (lists of resolved sources: folders or .txt lists), `names` (list), `nc`, `yaml`, `coco_json` and
-    `defaults` (the train.py settings the yaml recommends: utils.general.apply_dataset_defaults).
+    `defaults` (the train.py settings the yaml recommends: utils.settings.apply_dataset_defaults).
     Keys we do not use (`download`, ...) are ignored, so a yaml copied from those repos works as is.
     The built-in shapes set is generated here on first use."""
     path = Path(path)

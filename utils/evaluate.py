@@ -235,18 +235,19 @@ def confusion_matrix(results, records, nc, conf=0.25, iou=0.45):
     return matrix
 
 
-def evaluate(model, loader, names, device, coco_json=None, conf=0.001, iou=0.7, max_det=300, half=False, fast=False):
-    """Everything val.py reports. Returns a dict with the summary metrics, per-class rows, the COCO
-    detections, speeds, the PR curves and the confusion matrix. fast=True (the validation after each
-    epoch): only {"metrics": P, R, mAP50, mAP50-95, speed_ms}, from fast_map instead of pycocotools."""
+def epoch_metrics(model, loader, nc, device, half=False, max_det=300):
+    """The validation after each epoch: {precision, recall, mAP50, mAP50-95} by fast_map (COCO's rules in numpy,
+    seconds on COCO val where pycocotools takes a minute). It only picks best.pt and fills results.csv."""
+    results, _ = predict_dataset(model, loader, device, max_det=max_det, half=half)
+    return fast_map(results, loader.dataset.records, nc, max_det)
+
+
+def evaluate(model, loader, names, device, coco_json=None, conf=0.001, iou=0.7, max_det=300, half=False):
+    """Everything val.py reports, by pycocotools. Returns a dict with the summary metrics, per-class rows, the
+    COCO detections, speeds, the PR curves and the confusion matrix."""
     records = loader.dataset.records
     results, speed = predict_dataset(model, loader, device, conf, iou, max_det, half)
-    if fast:
-        start = time.perf_counter()
-        metrics = fast_map(results, records, len(names), max_det)
-        speed["metric"] = round((time.perf_counter() - start) / max(len(records), 1) * 1000, 3)
-        return {"metrics": {**metrics, "images": len(records), "speed_ms": speed}}
-    gt, image_ids, category_ids = ground_truth_cached(loader.dataset, names, coco_json)
+    gt, image_ids, category_ids = ground_truth(records, names, coco_json)
     detections = [d for i, det in results.items() for d in detections_to_coco(det, image_ids[i], category_ids)]
     map5095, map50, ap, ap50, ev = coco_map(gt, detections, category_ids, max_det)
     p, r, curves = precision_recall(*matches_from_cocoeval(ev, category_ids))
@@ -284,13 +285,6 @@ def evaluate(model, loader, names, device, coco_json=None, conf=0.001, iou=0.7, 
         "confusion": confusion_matrix(results, records, len(names)),
         "ground_truth": gt,
     }
-
-
-def ground_truth_cached(dataset, names, coco_json):
-    """Building the ground truth of a large set takes seconds; do it once per dataset object."""
-    if not hasattr(dataset, "coco_ground_truth"):
-        dataset.coco_ground_truth = ground_truth(dataset.records, names, coco_json)
-    return dataset.coco_ground_truth
 
 
 def format_table(result, names):

@@ -20,8 +20,9 @@ from PIL import Image
 from tqdm import tqdm
 
 from utils.dataset_yaml import DatasetError
-from utils.general import atomic_write, default_workers, write_text_atomic  # tests replace the writers (read-only)
+from utils.general import atomic_write, write_text_atomic  # tests replace the writers (read-only)
 from utils.records import Records, as_records
+from utils.settings import default_workers
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".dng", ".mpo", ".pfm"}
 CACHE_VERSION = 3  # bump when the record or the checks change: old caches are then rebuilt
@@ -256,7 +257,7 @@ def load_verified(sources, nc, split_name="", workers=None):
     "labels" (k, 5) [cls, x1, y1, x2, y2] normalised}). The cache is a binary .npz that loads in a fraction
     of a second. Never writes to the user's images or labels; a read-only dataset folder works (cache elsewhere).
     workers: how many verify at once (default: every core this process may use; under DDP the caller shares
-    the machine's cores out, utils.general.default_workers)."""
+    the machine's cores out, utils.settings.default_workers)."""
     image_files = list_images(sources)
     if not image_files:
         raise DatasetError(f"no images found in {', '.join(str(s) for s in sources) or 'an empty list of sources'}")
@@ -332,6 +333,19 @@ def _write_cache(locations, records, meta, split_name):
 def single_class(records):
     """--single-cls: the same records with every box of class 0 (the cached records are not changed)."""
     return as_records(records).single_class()
+
+
+def select_records(train, val, names, subset=0, fraction=1.0, single_cls=False):
+    """--subset, --fraction and --single-cls applied: (train, val, names, nc). --single-cls trains every class as
+    one, 'object': a detector of where things are, whatever they are."""
+    if not 0 < fraction <= 1:
+        raise DatasetError(f"--fraction {fraction} must be in (0, 1]")
+    if subset:
+        train, val = train[:subset], val[:subset]
+    train = train[: max(1, round(len(train) * fraction))]
+    if single_cls:
+        return single_class(train), single_class(val), ["object"], 1
+    return train, val, names, len(names)
 
 
 def print_verification_totals(totals, split_name, log_path, problems, cached):

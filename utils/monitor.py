@@ -1,0 +1,68 @@
+"""What a run records while it trains, besides the log: results.csv (one row per epoch, trimmed on resume),
+TensorBoard scalars when it is installed, a profiler trace (--profile), and the images/s of --benchmark."""
+
+import csv
+import time
+from pathlib import Path
+
+
+def start_results_csv(path, columns, resumed_epoch=None):
+    """Write results.csv's header. A resumed run keeps its rows up to `resumed_epoch`, where its last.pt was
+    saved: a killed run may have written rows past that, and those epochs are trained again."""
+    path = Path(path)
+    rows = []
+    if resumed_epoch is not None and path.exists():
+        with path.open() as f:
+            rows = [r for r in csv.DictReader(f) if int(r["epoch"]) <= resumed_epoch]
+    lines = [",".join(columns)] + [",".join(r.get(c) or "0" for c in columns) for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def append_results_row(path, row):
+    """One epoch's line of results.csv: floats to 5 significant digits, the rest as written."""
+    with Path(path).open("a") as f:
+        f.write(",".join(f"{v:.5g}" if isinstance(v, float) else str(v) for v in row) + "\n")
+
+
+def open_tensorboard(run_dir):
+    """A SummaryWriter in the run folder when tensorboard is installed (it is optional), else None."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(run_dir))
+
+
+def start_profiler(trace_path):
+    """train.py --profile: a torch profiler over a few micro-steps (1 skipped, 1 warm-up, 3 recorded), whose
+    Chrome trace is written once (repeat=0 would rewrite it every 5 steps). Call .step() per micro-step."""
+    import torch
+
+    profiler = torch.profiler.profile(
+        schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)),
+        record_shapes=True,
+    )
+    profiler.start()
+    return profiler
+
+
+class Benchmark:
+    """train.py --benchmark N: images/s over N iterations after 3 warm-up ones (cuDNN's search, the loader's
+    first batches). Call finished(iteration) at the start of each iteration; report() once it is True."""
+
+    def __init__(self, iterations, batch, imgsz, device):
+        self.iterations, self.batch, self.imgsz, self.device = iterations, batch, imgsz, device
+        self.start = None
+
+    def finished(self, iteration):
+        if iteration == 3:
+            self.start = time.time()
+        return iteration == self.iterations + 3
+
+    def report(self):
+        seconds = time.time() - self.start
+        return (
+            f"benchmark: {self.iterations * self.batch / seconds:.2f} images/s "
+            f"({seconds / self.iterations * 1000:.0f} ms/iteration, batch {self.batch}, {self.imgsz} px, {self.device})"
+        )

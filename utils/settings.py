@@ -1,0 +1,68 @@
+"""The command line's settings as a run resolves them, before anything is built: which flags were given, a
+dataset yaml's defaults, a resumed run's arguments and batch, the data-loader worker count. torch is not imported
+here (sweep.py and the data modules use this without it)."""
+
+import argparse
+import os
+from pathlib import Path
+
+from utils.dataset_yaml import DatasetError
+
+
+def explicit_flags(parser, argv):
+    """The dest names of the options written on the command line (not left at their defaults)."""
+    given = set()
+    for action in parser._actions:
+        for option in action.option_strings:
+            if any(a == option or a.startswith(option + "=") for a in argv):
+                given.add(action.dest)
+    return given
+
+
+def apply_dataset_defaults(args, parser, data, given_flags):
+    """Set the settings a dataset yaml recommends under `defaults:` (shapes.yaml does) on `args`, except
+    those given as flags: a flag written on the command line wins. Values take the type of the flag."""
+    for key, value in data["defaults"].items():
+        if not hasattr(args, key):
+            raise DatasetError(f"{data['yaml']}: key 'defaults' names '{key}', which is not a train.py setting")
+        if key in given_flags:
+            continue
+        default = parser.get_default(key)
+        try:
+            setattr(args, key, value if default is None or isinstance(default, bool) else type(default)(value))
+        except (TypeError, ValueError):  # "many" or [7] for an int
+            raise DatasetError(
+                f"{data['yaml']}: key 'defaults' sets '{key}' to {value!r}, which is not a {type(default).__name__}"
+            ) from None
+
+
+def default_workers(local_world_size=1, most=None):
+    """The cores this process may use, shared out between the `local_world_size` processes of its machine (at
+    least 1, at most `most`): the default number of data-loader workers, and of label verification workers."""
+    workers = max(1, len(os.sched_getaffinity(0)) // local_world_size)
+    return min(workers, most) if most else workers
+
+
+def resume_arguments(parser, args, given_flags):
+    """--resume: (the arguments to continue with, the last.pt). A resumed run keeps the arguments it started with;
+    only where and how it runs may change (another machine: its devices, its cores, and where given, the AMP its
+    GPU supports and the batch its GPUs fit). CheckpointError for a missing or unusable file."""
+    from utils.checkpoint import load_resume_checkpoint  # torch: only when resuming
+
+    path, ckpt = load_resume_checkpoint(args.resume if isinstance(args.resume, str) else None)
+    changeable = ["device", "workers"] + [k for k in ("amp", "amp_dtype", "batch") if k in given_flags]
+    where = {k: getattr(args, k) for k in changeable}
+    resumed = argparse.Namespace(**{**vars(parser.parse_args([])), **ckpt["args"], **where, "resume": path})
+    resumed.out = str(Path(path).parents[1])
+    return resumed, ckpt
+
+
+def resumed_batch(args, ckpt, world_size, batch_given):
+    """(--batch, --accumulate) of a run resumed on `world_size` processes. On another number of GPUs each keeps
+    the images it had (the saved total would put several GPUs' worth on each, and run out of memory), unless
+    --batch was given; an explicit accumulation scales so that a step still sees as many images. The schedule
+    then continues, though not bitwise as on the original GPUs."""
+    saved = ckpt["args"]["batch"]
+    batch = args.batch if batch_given else saved // ckpt.get("world_size", world_size) * world_size
+    accumulate = max(1, round(args.accumulate * saved / batch)) if args.accumulate else 0
+    return batch, accumulate
