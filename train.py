@@ -6,7 +6,11 @@
     torchrun --nproc_per_node 8 train.py --data coco.yaml --batch 256
     python train.py --resume                                # newest runs/train/*/weights/last.pt
 
-Hyperparameters live in the HYP table below; every entry is also a flag (--lr0 0.02).
+In order: the hyperparameters (HYP; each is also a flag: --lr0 0.02) and the command line; Settings, resolved
+once (resume, devices, the dataset's defaults, --batch -1, the optimizer; then args.yaml, and args is read-only);
+the model, EMA, optimizer, loss; the Loop state (what last.pt saves, restored on resume) beside training_state;
+the data loaders; a micro-step's pieces (to_device, forward_loss, backward, skip_step); the loop (Warmup,
+Forward/Backward, Step, Save/stop, Log; then validation and results.csv); the final evaluation. Helpers: utils/.
 """
 
 import argparse
@@ -21,7 +25,8 @@ import torch.nn.functional as F
 import yaml
 from tqdm import tqdm
 
-from models.yolo import YOLO, architecture, class_width, count_gflops, count_parameters, load_matching
+from models.yolo import YOLO, architecture, class_width, count_gflops, count_parameters, initialise_from
+from utils import monitor  # results.csv, TensorBoard, --profile, --benchmark, the progress and epoch lines
 from utils.autobatch import batch_from_memory
 from utils.checkpoint import (
     FORMAT,
@@ -50,7 +55,6 @@ from utils.general import seed_everything, setup_logging
 from utils.images import cache_images
 from utils.labels import load_verified, select_records
 from utils.loss import DetectionLoss
-from utils.monitor import Benchmark, append_results_row, open_tensorboard, start_profiler, start_results_csv
 from utils.optim import accumulation_windows, build_optimizer, load_optimizer_state, optimizer_step, set_learning_rate
 from utils.plots import in_background, plot_batch, plot_evaluation, plot_labels, plot_results
 from utils.settings import apply_dataset_defaults, default_workers, explicit_flags, resume_arguments, resumed_batch
@@ -70,29 +74,21 @@ HYP = dict(
     nominal_batch=64,  # gradients are accumulated until a step has seen this many images
     accumulate_warmup=1,  # accumulation ramps from 1 micro-batch to the full count over the warmup (0: off)
     clip_grad=10.0,  # max gradient norm
-    box=7.5,  # loss gains
-    cls=0.5,
-    dfl=1.5,
+    box=7.5, cls=0.5, dfl=1.5,  # loss gains
     tiny_box=8.5,  # assigner: box sides under 8.5 px count as this long when picking anchors (one stride-8 centre)
-    hsv_h=0.015,  # augmentation: HSV jitter fractions
-    hsv_s=0.7,
-    hsv_v=0.4,
-    degrees=0.0,  # rotation (+/- deg)
-    translate=0.1,  # translation (+/- fraction)
-    scale=0.5,  # scale gain (+/-)
-    shear=0.0,  # shear (+/- deg)
-    flipud=0.0,  # probabilities
-    fliplr=0.5,
-    mosaic=1.0,
+    hsv_h=0.015, hsv_s=0.7, hsv_v=0.4,  # augmentation: HSV jitter fractions
+    degrees=0.0, translate=0.1, scale=0.5, shear=0.0,  # affine: rotation deg, shift fraction, scale gain, shear deg
+    flipud=0.0, fliplr=0.5, mosaic=1.0,  # probabilities
     mosaic_min_area=0.1,  # a box the mosaic cuts to under this fraction of its area is dropped (0: only empty ones)
     mixup=0.0,
     close_mosaic=10,  # no mosaic in the last N epochs: finish on images that look like test images
-    ema_decay=0.9999,
-    ema_tau=2000,  # EMA decay ramps up over ~tau updates
-)
+    ema_decay=0.9999, ema_tau=2000,  # EMA decay ramps up over ~tau updates
+)  # fmt: skip
 MAX_NONFINITE_STEPS = 5  # optimizer steps in a row with NaN/Inf gradients before the run stops and writes crash/
-METRICS = ("precision", "recall", "mAP50", "mAP50-95")  # the per-epoch columns of results.csv
 MAX_OOM_STEPS = 3  # optimizer steps in a row lost to out-of-memory before the run stops (--batch is too large)
+METRICS = ("precision", "recall", "mAP50", "mAP50-95")  # results.csv: the losses, these, lr, time, faults per epoch
+FAULTS = ("assign_on_cpu", "oom_skipped_steps", "nonfinite_skipped_steps")
+COLUMNS = ("epoch", "box_loss", "cls_loss", "dfl_loss", *METRICS, "lr", "seconds", *FAULTS)
 
 # -----------------------------------------------------------------------------------------------
 # Command line
@@ -140,12 +136,10 @@ given_flags = explicit_flags(parser, sys.argv[1:])
 # Settings, resolved once: a resumed run's arguments, the devices, the dataset yaml's defaults, the batch, the
 # optimizer and its lr0. args.yaml records the result; `args` is not written after it.
 fix_cv2_and_file_limits()  # pitfalls D6-D7: file descriptors and cv2's threads (and again in every data-loader worker)
-resume_ckpt = None  # --resume: the last.pt this run continues
-if args.resume:  # the saved arguments, with this machine's devices and workers (and --batch, --amp where given)
-    try:
-        args, resume_ckpt = resume_arguments(parser, args, given_flags)
-    except CheckpointError as e:
-        sys.exit(f"--resume: {e}")
+try:  # --resume: the saved arguments, with this machine's devices and workers (and --batch, --amp where given)
+    args, resume_ckpt = resume_arguments(parser, args, given_flags)  # resume_ckpt: the last.pt continued, or None
+except CheckpointError as e:
+    sys.exit(f"--resume: {e}")
 
 device, rank, local_rank, world_size, flags_group = setup_distributed(args.device)
 is_main = rank == 0
@@ -192,9 +186,8 @@ use_amp = args.amp if args.amp is not None else device.type == "cuda"
 amp_dtype = amp_dtype_for(device, args.amp_dtype)  # auto: bf16 where the hardware has it, else fp16
 if args.batch == -1:  # measured on the GPU with a model of this run's size (utils/autobatch.py)
     probe = YOLO(scale, nc, args.checkpoint_activations).to(device, memory_format=torch.channels_last)
-    largest = multi_scale_max(args.imgsz) if args.multi_scale else args.imgsz
-    amp = amp_dtype if use_amp else None
-    args.batch = batch_from_memory(probe, largest, device, amp, world_size, default=parser.get_default("batch"))
+    largest, amp = multi_scale_max(args.imgsz) if args.multi_scale else args.imgsz, amp_dtype if use_amp else None
+    args.batch = batch_from_memory(probe, largest, device, amp, world_size, parser.get_default("batch"))
     probe = None
 if args.batch < 1 or args.batch % world_size:
     sys.exit(f"--batch {args.batch} must be positive and divisible by the {world_size} processes, or -1 (measured)")
@@ -214,29 +207,20 @@ if is_main:  # every setting as this run resolved it: flags, dataset defaults, o
 seed_everything(args.seed + rank, args.deterministic)  # per-rank seeds; the data's randomness is per sample
 # The class branch keeps the width of the weights it starts from (or resumes): with another class count,
 # all but its last convs then transfer.
-start_ckpt = resume_ckpt or init_ckpt
-cls_width = class_width(checkpoint_weights(start_ckpt)) if start_ckpt else 0
+cls_width = class_width(checkpoint_weights(resume_ckpt or init_ckpt)) if resume_ckpt or init_ckpt else 0
 model = YOLO(scale, nc, checkpoint_activations=args.checkpoint_activations, cls_width=cls_width)
 if init_ckpt:
-    fresh, total = load_matching(model, checkpoint_weights(init_ckpt)), len(model.state_dict())
-    starting_fresh = f"; starting fresh: {', '.join(fresh[:6])}{' ...' * (len(fresh) > 6)}" if fresh else ""
-    log.info(
-        f"initialised {total - len(fresh)}/{total} tensors from {init_path} ({init_ckpt.get('source', 'this repo')}, "
-        f"model {init_ckpt['scale']}, {init_ckpt['nc']} classes){starting_fresh}"
-    )
+    log.info(initialise_from(model, init_ckpt, init_path))
 for name, p in model.named_parameters():
     p.requires_grad_(not any(name.startswith(prefix) for prefix in args.freeze.split(",") if prefix))
-# channels_last: the layout oneDNN (CPU) and cuDNN tensor cores (AMP) run convolutions fastest in
-# (~12% per step on a 2-core CPU)
-model.to(device, memory_format=torch.channels_last)
+model.to(device, memory_format=torch.channels_last)  # oneDNN's and cuDNN's fastest layout (~12% per step on a CPU)
 if args.sync_bn and world_size > 1 and device.type == "cpu":
     log.warning("--sync-bn: torch's SyncBatchNorm has no CPU kernel; each process keeps its own BN statistics")
 elif args.sync_bn and world_size > 1:
     model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # pitfall M3: torch's own, current SyncBN
 ema = ModelEMA(model, args.ema_decay, args.ema_tau) if is_main else None  # rank 0 alone validates and saves it
 optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weight_decay)
-# The loss scale goes into the checkpoint (pitfall T1: else a resumed run searches the scale again);
-# bf16 has fp32's range and needs no scaling.
+# fp16 only (bf16 has fp32's range); its scale goes into last.pt (pitfall T1: else a resume searches it again)
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
 loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl, tiny_box=args.tiny_box)
 
@@ -296,8 +280,7 @@ mosaic_epochs = args.epochs - args.close_mosaic  # --close-mosaic: the last epoc
 train_cache = cache_images(train_records, args.imgsz, share=node) if args.cache == "ram" else None
 train_set = TrainDataset(train_records, args.imgsz, vars(args), args.seed, mosaic_epochs, cache=train_cache)
 sampler = EpochBatchSampler(len(train_set), batch, args.seed, rank, world_size, start_epoch, start_iteration)
-# pinned: async copies
-train_loader = make_loader(train_set, sampler, workers=args.workers, pin_memory=device.type == "cuda")
+train_loader = make_loader(train_set, sampler, workers=args.workers, pin_memory=device.type == "cuda")  # async copies
 batches = iter(train_loader)  # one iterator for the whole run: workers live as long as the run
 if is_main:
     val_cache = cache_images(val_records, args.imgsz) if args.cache == "ram" else None  # rank 0 alone validates
@@ -317,13 +300,11 @@ summary += [f"amp {str(amp_dtype).split('.')[-1]}"] * use_amp + [f"{args.workers
 log.info(" | ".join(summary))
 stop_request = StopRequest()  # SIGTERM / Ctrl+C: save last.pt after this step, exit 0
 results_csv = run_dir / "results.csv"
-columns = "epoch box_loss cls_loss dfl_loss precision recall mAP50 mAP50-95 lr seconds".split()
-columns += ["assign_on_cpu", "oom_skipped_steps", "nonfinite_skipped_steps"]  # faults, counted per epoch
 if is_main:  # a resumed run keeps its rows up to its last save (a killed run may have written more)
-    start_results_csv(results_csv, columns, start_epoch if resume_ckpt else None)
-tensorboard = open_tensorboard(run_dir) if is_main else None
-profiler = start_profiler(run_dir / "profile_trace.json") if args.profile and is_main else None
-benchmark = Benchmark(args.benchmark, args.batch, args.imgsz, device) if args.benchmark else None
+    monitor.start_results_csv(results_csv, COLUMNS, start_epoch if resume_ckpt else None)
+tensorboard = monitor.open_tensorboard(run_dir) if is_main else None
+profiler = monitor.start_profiler(run_dir / "profile_trace.json") if args.profile and is_main else None
+benchmark = monitor.Benchmark(args.benchmark, args.batch, args.imgsz, device) if args.benchmark else None
 
 
 # -----------------------------------------------------------------------------------------------
@@ -336,8 +317,9 @@ def to_device(images, targets, iteration):
     if args.multi_scale:
         size = multi_scale_size(args.imgsz, args.seed, iteration)
         if size != images.shape[-1]:
-            # a new tensor: crash_context keeps the batch as the loader gave it
-            targets = torch.cat((targets[:, :2], targets[:, 2:] * (size / images.shape[-1])), 1)
+            targets = torch.cat(
+                (targets[:, :2], targets[:, 2:] * (size / images.shape[-1])), 1
+            )  # crash/ keeps the original
             images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
     return images, targets
 
@@ -372,35 +354,30 @@ def skip_step(cause, epoch, i, size):
     gradients). Counted in results.csv; too many in a row stop the run with crash/ and what to try."""
     faults[f"{cause}_skipped_steps"] += 1
     in_a_row[cause] += 1
-    where = f"at epoch {epoch + 1} iteration {i}"
-    if cause == "oom":
-        if world_size > 1:
-            realign_ddp(model, device)
-        optimizer.zero_grad(set_to_none=True)  # half-accumulated gradients are not a step
-        log.warning(f"out of memory {where}: step skipped ({in_a_row['oom']} in a row)")
-        if in_a_row["oom"] >= MAX_OOM_STEPS:
-            why = too_large_batch(in_a_row["oom"], args.batch, world_size, size, args.checkpoint_activations)
-            abort_run(run_dir, why, crash_context, is_main)
-        return
-    in_a_row["oom"] = 0
-    note = f"; fp16 loss scale now {scaler.get_scale():g}" if scaler.is_enabled() else ""
-    log.warning(f"NaN/Inf gradients {where}: optimizer step skipped ({in_a_row['nonfinite']} in a row{note})")
+    if cause == "oom" and world_size > 1:
+        realign_ddp(model, device)
+    optimizer.zero_grad(set_to_none=True)  # half-accumulated gradients are not a step
+    if cause == "nonfinite":
+        in_a_row["oom"] = 0
+    n, fp16 = in_a_row[cause], scaler.is_enabled()
+    what = "out of memory" if cause == "oom" else "NaN/Inf gradients"
+    note = f"; fp16 loss scale now {scaler.get_scale():g}" if fp16 and cause == "nonfinite" else ""
+    log.warning(f"{what} at epoch {epoch + 1} iteration {i}: optimizer step skipped ({n} in a row{note})")
     # fp16: the loss scale starts at 2^16 and halves on each overflow; up to 16 such steps are its search, not a fault
-    if in_a_row["nonfinite"] >= MAX_NONFINITE_STEPS + (16 if scaler.is_enabled() else 0):
-        why = f"stopping: {in_a_row['nonfinite']} optimizer steps in a row with NaN/Inf gradients"
+    if n >= (MAX_OOM_STEPS if cause == "oom" else MAX_NONFINITE_STEPS + 16 * fp16):
+        nan = f"stopping: {n} optimizer steps in a row with NaN/Inf gradients"
+        why = too_large_batch(n, args.batch, world_size, size, args.checkpoint_activations) if cause == "oom" else nan
         abort_run(run_dir, why, crash_context, is_main)
 
 
 # -----------------------------------------------------------------------------------------------
 # The loop
-pending_save = False
 for epoch in range(start_epoch, args.epochs):
     model.train()
     epoch_start = time.time()
     first = start_iteration if epoch == start_epoch else 0
-    # Loss parts are summed on the device, per accumulation window, and read once per optimizer step.
-    sums, window_sums = torch.zeros(3, device=device), torch.zeros(3, device=device)
-    faults = dict(assign_on_cpu=0, oom_skipped_steps=0, nonfinite_skipped_steps=0)
+    sums, window_sums = torch.zeros(3, device=device), torch.zeros(3, device=device)  # read once per optimizer step
+    faults = dict.fromkeys(FAULTS, 0)
     batches_done, window_batches, window_dropped = 0, 0, False
     assignments_on_cpu_before = loss_fn.assignments_on_cpu
     lr = optimizer.param_groups[-1]["lr"]  # (a run resumed at the very end of an epoch trains no step in it)
@@ -461,23 +438,19 @@ for epoch in range(start_epoch, args.epochs):
 
         # Save, stop: only here, between optimizer steps, so that no accumulated gradient is lost: the saved
         # state is exactly what an uninterrupted run has.
-        pending_save |= bool(args.save_every) and (i + 1) % args.save_every < windows[i]
         if stop and is_main:
             save_last(epoch, i + 1)
             log.info(f"saved {last_pt} at epoch {epoch + 1} iteration {i + 1}; resume with --resume")
         if stop:
             sys.exit(0)
-        if pending_save and is_main:
+        if is_main and args.save_every and (i + 1) % args.save_every < windows[i]:  # --save-every fell in the window
             save_last(epoch, i + 1)
-        pending_save = False
 
         # Log
         if is_main:
-            means = (sums / max(batches_done, 1)).tolist()
             memory = torch.cuda.memory_reserved(device) / 2**30 if device.type == "cuda" else 0
             rate = (i + 1 - first) * args.batch / (time.time() - epoch_start)
-            shown = [f"{name} {value:.3f}" for name, value in zip(("box", "cls", "dfl"), means)]
-            progress.set_postfix_str(" ".join([*shown, f"lr {lr:.2e}", f"mem {memory:.1f}G", f"{rate:.1f} img/s"]))
+            progress.set_postfix_str(monitor.progress_text((sums / max(batches_done, 1)).tolist(), lr, memory, rate))
     if profiler:
         profiler.stop()
         profiler = None
@@ -499,18 +472,12 @@ for epoch in range(start_epoch, args.epochs):
         losses = (sums / max(batches_done, 1)).tolist()
         faults["assign_on_cpu"] = loss_fn.assignments_on_cpu - assignments_on_cpu_before
         row = [epoch + 1, *losses, *(metrics[k] for k in METRICS), lr, time.time() - epoch_start, *faults.values()]
-        append_results_row(results_csv, row)
+        monitor.append_results_row(results_csv, row)
         plot_results(results_csv, run_dir / "results.png")
         if tensorboard:
-            for column, value in zip(columns[1:], row[1:]):
+            for column, value in zip(COLUMNS[1:], row[1:]):
                 tensorboard.add_scalar(column, value, epoch + 1)
-        summary = [
-            f"epoch {epoch + 1}/{args.epochs}: box {losses[0]:.3f} cls {losses[1]:.3f} dfl {losses[2]:.3f}",
-            f"P {metrics['precision']:.3f} R {metrics['recall']:.3f} "
-            f"mAP50 {metrics['mAP50']:.3f} mAP50-95 {metrics['mAP50-95']:.3f}",
-            f"{time.time() - epoch_start:.0f} s",
-        ]
-        log.info(" | ".join(summary + [f"{k.replace('_', ' ')} {v}" for k, v in faults.items() if v]))
+        log.info(monitor.epoch_line(epoch + 1, args.epochs, losses, metrics, time.time() - epoch_start, faults))
         save_last(epoch + 1, 0)
     # --patience: rank 0 saw the fitness; the vote is also the barrier where the other ranks wait for it
     patience_over = is_main and args.patience > 0 and epoch + 1 - best_epoch >= args.patience and not final_epoch

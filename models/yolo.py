@@ -373,6 +373,17 @@ def load_matching(model, weights):
     return [k for k in own if k not in matching]
 
 
+def initialise_from(model, ckpt, path):
+    """Fine-tuning: copy the checkpoint's tensors that match (load_matching); returns the sentence that says what
+    transferred and what starts fresh."""
+    fresh, total = load_matching(model, checkpoint_weights(ckpt)), len(model.state_dict())
+    starting_fresh = f"; starting fresh: {', '.join(fresh[:6])}{' ...' * (len(fresh) > 6)}" if fresh else ""
+    return (
+        f"initialised {total - len(fresh)}/{total} tensors from {path} ({ckpt.get('source', 'this repo')}, "
+        f"model {ckpt['scale']}, {ckpt['nc']} classes){starting_fresh}"
+    )
+
+
 def count_parameters(model):
     return sum(p.numel() for p in model.parameters())
 

@@ -66,3 +66,17 @@ class Benchmark:
             f"benchmark: {self.iterations * self.batch / seconds:.2f} images/s "
             f"({seconds / self.iterations * 1000:.0f} ms/iteration, batch {self.batch}, {self.imgsz} px, {self.device})"
         )
+
+
+def progress_text(losses, lr, memory_gb, images_per_second):
+    """The progress bar's postfix: the epoch's mean losses so far, the learning rate, GPU memory, speed."""
+    shown = [f"{name} {value:.3f}" for name, value in zip(("box", "cls", "dfl"), losses)]
+    return " ".join([*shown, f"lr {lr:.2e}", f"mem {memory_gb:.1f}G", f"{images_per_second:.1f} img/s"])
+
+
+def epoch_line(epoch, epochs, losses, metrics, seconds, faults):
+    """The log line of an epoch, its parts joined with ' | ': losses, P/R/mAP, time, and faults if any."""
+    names = {"precision": "P", "recall": "R"}
+    parts = [f"epoch {epoch}/{epochs}: " + " ".join(f"{n} {v:.3f}" for n, v in zip(("box", "cls", "dfl"), losses))]
+    parts += [" ".join(f"{names.get(k, k)} {v:.3f}" for k, v in metrics.items()), f"{seconds:.0f} s"]
+    return " | ".join(parts + [f"{k.replace('_', ' ')} {v}" for k, v in faults.items() if v])

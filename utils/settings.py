@@ -46,7 +46,10 @@ def default_workers(local_world_size=1, most=None):
 def resume_arguments(parser, args, given_flags):
     """--resume: (the arguments to continue with, the last.pt). A resumed run keeps the arguments it started with;
     only where and how it runs may change (another machine: its devices, its cores, and where given, the AMP its
-    GPU supports and the batch its GPUs fit). CheckpointError for a missing or unusable file."""
+    GPU supports and the batch its GPUs fit). Without --resume: (args, None). CheckpointError for a missing or
+    unusable file."""
+    if not args.resume:
+        return args, None
     from utils.checkpoint import load_resume_checkpoint  # torch: only when resuming
 
     path, ckpt = load_resume_checkpoint(args.resume if isinstance(args.resume, str) else None)
