@@ -38,6 +38,8 @@ import torch.utils.data._utils.pin_memory as pin_memory_utils
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from bench.host_syncs import ALWAYS
+
 CUDA0 = torch.device("cuda", 0)
 CPU = torch.device("cpu")
 aten = torch.ops.aten
@@ -318,17 +320,9 @@ class _DispatchMode(TorchDispatchMode):
 # Ops of a CUDA tensor that accept CPU tensors by design: copies, and index tensors (moved to the GPU by torch)
 _CROSS_DEVICE = {aten.copy_.default, aten._to_copy.default, aten.copy.default, aten._copy_from.default}
 _INDEX_OPS = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
-# Ops whose output size depends on the data: the host waits for the GPU to learn it
-_DATA_DEPENDENT = {
-    "nonzero",
-    "masked_select",
-    "_unique",
-    "_unique2",
-    "unique_dim",
-    "unique_consecutive",
-    "unique_dim_consecutive",
-    "repeat_interleave",
-}
+# Ops that wait for the GPU whatever their arguments (a scalar read, an output sized by the data): the list
+# bench/host_syncs.py counts by; repeat_interleave too (that bench waives it when given its output size)
+_WAITS = ALWAYS | {"repeat_interleave"}
 
 
 class CudaEmulator:
@@ -368,7 +362,7 @@ class CudaEmulator:
                 )
 
     def _count(self, func, name, args):
-        if name == "_local_scalar_dense" or name == "equal" or name in _DATA_DEPENDENT:
+        if name in _WAITS:
             self._sync(name)
         elif func in _INDEX_OPS and len(args) > 1 and isinstance(args[0], EmulatedCudaTensor):
             if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1] or ()):

@@ -21,6 +21,7 @@ import pytest
 import torch
 import yaml
 from cuda_emulator import EmulatedCudaTensor, emulated_cuda
+from test_train import tensors_equal
 
 import utils.loss
 import utils.optim
@@ -171,17 +172,6 @@ def test_train_in_bf16_on_an_ampere_gpu_with_multi_scale_and_activation_checkpoi
     weights = list(last["model"].values()) + list(last["ema"].values())
     assert all(type(t) is torch.Tensor and t.device.type == "cpu" for t in weights)
     assert all(torch.isfinite(t).all() for t in weights if t.is_floating_point())
-
-
-def tensors_equal(a, b):
-    """Every tensor of two (nested) checkpoint dicts is bitwise identical."""
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(tensors_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(tensors_equal(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 @pytest.mark.parametrize("emulated_gpu", [(7, 0)], indirect=True)

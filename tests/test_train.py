@@ -56,14 +56,14 @@ def run(args, cwd=REPO, wrapper=None, check=True, **popen):
 
 
 def tensors_equal(a, b):
-    """Every tensor of two (nested) checkpoint dicts is bitwise identical."""
+    """Every tensor of two (nested) checkpoint dicts is bitwise identical, and every other value equal."""
     if isinstance(a, torch.Tensor):
         return torch.equal(a, b)
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(tensors_equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(tensors_equal(x, y) for x, y in zip(a, b))
-    return True
+    return a == b
 
 
 def load(path):

@@ -21,26 +21,13 @@ TINY_SIDE = 8.5
 
 
 @torch.no_grad()
-def assign_targets(
-    pred_scores,
-    pred_boxes,
-    anchors,
-    gt_labels,
-    gt_boxes,
-    gt_mask,
-    topk=10,
-    alpha=0.5,
-    beta=6.0,
-    tiny_box=TINY_SIDE,
-    device=None,
-):
+def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask, topk=10, alpha=0.5, beta=6.0,
+                   tiny_box=TINY_SIDE, device=None):  # fmt: skip
     """
     pred_scores: (b, A, nc) probabilities;  pred_boxes: (b, A, 4) xyxy pixels;  anchors: (A, 2) pixels
     gt_labels: (b, n, 1);  gt_boxes: (b, n, 4) xyxy pixels;  gt_mask: (b, n, 1), 1 for real boxes (rest is padding)
-    tiny_box: box sides under TINY_SIDE (8.5 px) are grown to at least this (for candidate selection only) so
-              that a tiny object always contains a stride-8 anchor centre; without it, an object smaller than
-              a cell that falls between centres gets no anchor and is never learned. Ultralytics grows them
-              to 16 px (bench/RESULTS.md: 8.5 did better here).
+    tiny_box: box sides under TINY_SIDE grow to this for candidate selection (else a tiny object between anchor
+              centres is never learned); Ultralytics grows them to 16 px (bench/RESULTS.md: 8.5 did better here).
     device: where to compute ("cpu" for the OOM retry); results come back on pred_scores' device.
     Returns target_boxes (b, A, 4), target_scores (b, A, nc), foreground mask (b, A) bool,
     and the index of the assigned box per anchor (b, A).
