@@ -1,16 +1,24 @@
-"""Detect objects in images, folders, globs, .txt lists, videos or a webcam, and save the results.
+"""Detect objects in images, folders, globs, .txt lists, videos, webcams or streams, and save the results.
 
     python detect.py --source photo.jpg                        # newest runs/train/*/weights/best.pt
     python detect.py --weights best.onnx --source images/ --save-txt --save-json
     python detect.py --weights best.torchscript --source "shots/*.png" --conf 0.4 --classes 0 2
     python detect.py --weights best.pt --source video.mp4     # writes an annotated video
     python detect.py --weights best.pt --source 0              # webcam 0; Ctrl+C stops and saves
+    python detect.py --weights best.pt --source rtsp://user:pass@192.168.1.10:554/stream1  # also http(s)://
+    python detect.py --weights best.pt --source cameras.streams --vid-stride 2  # one source a line, all at once
+
+A stream URL and each source of a .streams file are read in a thread of their own that keeps only the
+newest frame (utils/streams.py): a slow model skips frames instead of falling behind. A source that
+drops is reopened a few times, then reported in one sentence; the others go on.
 
 --weights: a .pt checkpoint, or an .onnx / .torchscript file from export.py (they carry their
 class names, image size and NMS settings, so nothing else is needed).
 
-Outputs in runs/detect/exp (exp2, ... or --out): the annotated images, and videos as .mp4;
-  --save-txt   labels/NAME.txt (labels/NAME_FRAME.txt for videos), one row per detection:
+Outputs in runs/detect/exp (exp2, ... or --out): the annotated images, and a .mp4 per video or stream
+(named after the URL's host, port and path for a stream);
+  --save-txt   labels/NAME.txt (labels/NAME_FRAME.txt for videos, FRAME counting every frame of the source,
+               --vid-stride's skipped ones too), one row per detection:
                class cx cy w h conf, coordinates normalised to 0..1 (YOLO format plus confidence)
   --save-json  predictions.json in COCO format: image_id (the file name's stem, as a number when it
                is one, so COCO val images match their ids; NAME_FRAME for videos), category_id (the
@@ -19,9 +27,12 @@ Unreadable files are reported and skipped; the run goes on.
 """
 
 import argparse
+import contextlib
 import glob
 import json
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +51,7 @@ from utils.images import read_image
 from utils.inference import from_pytorch, load_exported, postprocess, preprocess
 from utils.labels import IMAGE_SUFFIXES
 from utils.plots import draw_detections
+from utils.streams import Stream, StreamError, is_url, quiet_video_logs, read_streams_file, source_names
 
 WRITABLE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}  # cv2 writes these; others become .jpg
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".m4v", ".mpg", ".mpeg", ".wmv", ".webm", ".gif"}
@@ -52,17 +64,25 @@ def parse_args(argv=None):
     parser.add_argument(
         "--weights", default="", help=".pt, .onnx or .torchscript (default: newest runs/train/*/weights/best.pt)"
     )
-    parser.add_argument("--source", required=True, help="image, folder, glob, .txt list, video, or webcam index")
+    parser.add_argument(
+        "--source",
+        required=True,
+        help="image, folder, glob, .txt list, video, webcam index, rtsp:// or http(s):// URL, or .streams list",
+    )
     parser.add_argument("--imgsz", type=int, nargs="+", default=[0], help="h w, or one size for both; 0 = the model's")
     parser.add_argument("--conf", type=float, default=0.25, help="confidence threshold")
     parser.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold")
     parser.add_argument("--classes", type=int, nargs="+", help="keep only these class indices")
     parser.add_argument("--max-det", type=int, default=300, help="at most this many detections per image")
     parser.add_argument("--device", default="", help="cpu, 0, ... (default: the first GPU if any)")
+    parser.add_argument("--vid-stride", type=int, default=1, help="process every Nth frame of videos and streams")
     parser.add_argument("--save-txt", action="store_true", help="labels/*.txt: class cx cy w h conf (normalised)")
     parser.add_argument("--save-json", action="store_true", help="predictions.json in COCO format")
     parser.add_argument("--out", default="", help="output folder (default runs/detect/exp, exp2, ...)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.vid_stride < 1:
+        parser.error("--vid-stride must be 1 or more")
+    return args
 
 
 def open_model(weights, device):
@@ -91,6 +111,56 @@ def list_sources(source):
     if not files:
         sys.exit(f"error: --source {source} names no image or video")
     return files
+
+
+def live_sources(source):
+    """The sources of a stream URL or a .streams file, or None for any other --source."""
+    if is_url(source):
+        return [source]
+    if Path(source).suffix != ".streams":
+        return None
+    if not Path(source).is_file():
+        sys.exit(f"error: --source {source}: no such .streams file")
+    sources = read_streams_file(source)
+    if not sources:
+        sys.exit(f"error: --source {source} lists no source (one URL, webcam index or video a line)")
+    return sources
+
+
+def open_streams(sources, origin, stride, notify):
+    """A Stream per source that opens, with its output name; one sentence for each that does not."""
+    streams = []
+    for source, name in zip(sources, source_names(sources)):
+        try:
+            streams.append((Stream(source, stride, notify), name))
+        except StreamError as e:
+            if sources == [origin]:  # a URL given as --source
+                sys.exit(f"error: --source {e}")
+            print(f"warning: {e} (in {origin}; skipped)")
+    if not streams:
+        sys.exit(f"error: none of the {len(sources)} source(s) in {origin} can be opened")
+    return streams
+
+
+@contextlib.contextmanager
+def stop_on_ctrl_c():
+    """An Event the first Ctrl+C sets: the frame at hand is finished and everything is saved, so that
+    the labels and the videos agree. A second Ctrl+C stops at once."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread only
+        yield stop
+        return
+    previous = signal.getsignal(signal.SIGINT) or signal.default_int_handler  # None: set outside Python
+
+    def first_ctrl_c(signum, frame):
+        stop.set()
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, first_ctrl_c)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def detect(model, img_rgb, imgsz, args):
@@ -128,36 +198,149 @@ def save_results(dets, name, shape, out, args, coco):
         coco += detections_to_coco(dets.tolist(), int(name) if name.isdigit() else name)
 
 
-def run_video(model, capture, name, imgsz, out, args, coco, seconds):
-    """Every frame of an opened cv2.VideoCapture -> out/NAME.mp4 (Ctrl+C on a webcam stops and saves)."""
+class VideoOut:
+    """An .mp4 opened at the first frame written, when the size becomes known."""
+
+    def __init__(self, path, fps):
+        self.path, self.fps, self.writer, self.size = path, fps, None, None
+
+    def write(self, frame):
+        if self.writer is None:
+            self.size = frame.shape[1], frame.shape[0]
+            self.writer = cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*"mp4v"), self.fps, self.size)
+        if (frame.shape[1], frame.shape[0]) != self.size:  # a camera reconfigured while it was away
+            frame = cv2.resize(frame, self.size)  # cv2.VideoWriter silently drops frames of another size
+        self.writer.write(frame)
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.release()
+
+
+def process_frame(model, frame, label, video, imgsz, out, args, coco, seconds):
+    """Detect in one BGR frame, save its results under `label` and append it, annotated, to `video`."""
+    dets, times = detect(model, cv2.cvtColor(frame, cv2.COLOR_BGR2RGB), imgsz, args)
+    seconds += times
+    save_results(dets, label, frame.shape[:2], out, args, coco)
+    video.write(draw_detections(frame, dets.tolist(), model["names"]))
+    return dets
+
+
+def run_video(model, capture, name, imgsz, out, args, coco, seconds, stop):
+    """Every --vid-stride'th frame of an opened cv2.VideoCapture -> out/NAME.mp4, until its end or `stop`."""
+    stride = args.vid_stride
     fps = capture.get(cv2.CAP_PROP_FPS) or 30  # webcams often report 0
     total = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))  # 0 or -1 for a webcam
-    writer, frames, found = None, 0, 0
-    bar = tqdm(total=total if total > 0 else None, desc=name, unit="frame", leave=False)
+    video, index, frames, found = VideoOut(out / f"{name}.mp4", fps / stride), 0, 0, 0
+    bar = tqdm(total=-(-total // stride) if total > 0 else None, desc=name, unit="frame", leave=False)
     try:
-        while True:
+        while not stop.is_set():
+            if index % stride:
+                if not capture.grab():  # skipped frames are not decoded
+                    break
+                index += 1
+                continue
             ok, frame = capture.read()
             if not ok:
                 break
-            if writer is None:  # the size is known only once a frame is read
-                writer = cv2.VideoWriter(
-                    str(out / f"{name}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), fps, (frame.shape[1], frame.shape[0])
-                )
-            dets, times = detect(model, cv2.cvtColor(frame, cv2.COLOR_BGR2RGB), imgsz, args)
-            seconds += times
-            save_results(dets, f"{name}_{frames}", frame.shape[:2], out, args, coco)
-            writer.write(draw_detections(frame, dets.tolist(), model["names"]))
-            frames, found = frames + 1, found + len(dets)
+            dets = process_frame(model, frame, f"{name}_{index}", video, imgsz, out, args, coco, seconds)
+            index, frames, found = index + 1, frames + 1, found + len(dets)
             bar.update()
             bar.set_postfix_str(describe(dets, model["names"]))
-    except KeyboardInterrupt:  # a webcam has no end: Ctrl+C is how a user stops it, and the video is kept
-        pass
     finally:
         bar.close()
         capture.release()
-        if writer is not None:
-            writer.release()
+        video.close()
     return frames, found
+
+
+def run_streams(model, streams, imgsz, out, args, coco, seconds, notify, stop):
+    """Round-robin over the live sources, each time on the newest frame a source received since its last
+    turn, until all have stopped or `stop`; a source's video is closed as soon as it stops."""
+    videos = {stream: VideoOut(out / f"{name}.mp4", stream.fps / stream.stride) for stream, name in streams}
+    counts = {stream: [0, 0, 0] for stream, _ in streams}  # frames, detections, reconnections reported
+    live = list(streams)
+
+    def report(stream):
+        frames, found, _ = counts[stream]
+        summary = f"{frames} frames, {found} detections" + (f" -> {videos[stream].path}" if frames else "")
+        if stream.error:
+            tqdm.write(f"stream {stream.name} stopped: {stream.error} ({summary})")
+        else:
+            tqdm.write(f"{stream.name}: {summary}")
+
+    bar = tqdm(desc="streams", unit="frame", leave=False)
+    try:
+        while live and not stop.is_set():
+            notify.clear()  # before the round: a frame that arrives during it wakes the wait below at once
+            busy = False
+            for stream, name in list(live):
+                finished = stream.finished  # read before take(): the last frame of a source is not lost
+                got = stream.take()
+                if stream.reconnections > counts[stream][2]:
+                    counts[stream][2] = stream.reconnections
+                    tqdm.write(f"stream {stream.name} dropped and was reopened")
+                if got is None:
+                    if finished:
+                        live.remove((stream, name))
+                        videos[stream].close()
+                        report(stream)
+                    continue
+                index, frame = got
+                dets = process_frame(model, frame, f"{name}_{index}", videos[stream], imgsz, out, args, coco, seconds)
+                counts[stream][0] += 1
+                counts[stream][1] += len(dets)
+                busy = True
+                bar.update()
+                bar.set_postfix_str(f"{stream.name}: {describe(dets, model['names'])}")
+            if not busy:
+                notify.wait(0.1)
+    finally:
+        bar.close()
+        for stream, _ in streams:
+            stream.close()
+        for video in videos.values():
+            video.close()
+    for stream, _ in live:  # stopped by Ctrl+C
+        report(stream)
+    return sum(frames for frames, _, _ in counts.values())
+
+
+def run_files(model, paths, imgsz, out, args, coco, seconds, skipped, stop):
+    """Images and video files, one after the other, until the last or `stop`; the number of images and frames."""
+    images = 0
+    bar = tqdm(paths, unit="file", disable=len(paths) < 2)
+    for path in bar:
+        if stop.is_set():
+            break
+        name = Path(path).stem
+        if Path(path).suffix.lower() in VIDEO_SUFFIXES:
+            capture = cv2.VideoCapture(path)
+            if not capture.isOpened():
+                skipped.append(path)
+                tqdm.write(f"{path}: cannot be read as a video, skipped")
+                continue
+            frames, found = run_video(model, capture, name, imgsz, out, args, coco, seconds, stop)
+            images += frames
+            tqdm.write(f"{path}: {frames} frames, {found} detections -> {out / name}.mp4")
+            continue
+        img = read_image(path)
+        if img is None:
+            skipped.append(path)
+            tqdm.write(f"{path}: cannot be read as an image, skipped")
+            continue
+        dets, times = detect(model, img, imgsz, args)
+        seconds += times
+        images += 1
+        save_results(dets, name, img.shape[:2], out, args, coco)
+        annotated = draw_detections(cv2.cvtColor(img, cv2.COLOR_RGB2BGR), dets.tolist(), model["names"])
+        suffix = Path(path).suffix if Path(path).suffix.lower() in WRITABLE_SUFFIXES else ".jpg"
+        cv2.imwrite(str(out / (name + suffix)), annotated)
+        tqdm.write(
+            f"{path}: {describe(dets, model['names'])} ({times[0] * 1000:.1f} ms preprocess, "
+            f"{times[1] * 1000:.1f} ms inference, {times[2] * 1000:.1f} ms NMS)"
+        )
+    return images
 
 
 def main(argv=None):
@@ -185,7 +368,12 @@ def main(argv=None):
             f"note: NMS is inside {weights} with conf {model['nms']['conf']} and iou {model['nms']['iou']}; "
             "--conf can only raise it, --iou is ignored"
         )
-    sources = list_sources(args.source)
+    live, streams = live_sources(args.source), []
+    if live:
+        quiet_video_logs()
+        notify = threading.Event()  # set by a stream's thread when it has a new frame or has stopped
+        streams = open_streams(live, args.source, args.vid_stride, notify)
+    sources = [] if live else list_sources(args.source)
     capture = cv2.VideoCapture(sources) if isinstance(sources, int) else None  # webcam
     if capture is not None and not capture.isOpened():
         sys.exit(f"error: webcam {sources} cannot be opened")
@@ -194,40 +382,15 @@ def main(argv=None):
     (out / "labels" if args.save_txt else out).mkdir(parents=True, exist_ok=True)
     print(f"{model['backend']} {weights} on {device}, {imgsz[0]}x{imgsz[1]} px")
     coco, skipped, seconds, images = [], [], np.zeros(3), 0  # seconds: preprocess, inference, NMS
-    if capture is not None:
-        frames, found = run_video(model, capture, f"webcam{sources}", imgsz, out, args, coco, seconds)
-        print(f"webcam {sources}: {frames} frames, {found} detections")
-        images += frames
-        sources = []
-    bar = tqdm(sources, unit="file", disable=len(sources) < 2)
-    for path in bar:
-        name = Path(path).stem
-        if Path(path).suffix.lower() in VIDEO_SUFFIXES:
-            capture = cv2.VideoCapture(path)
-            if not capture.isOpened():
-                skipped.append(path)
-                tqdm.write(f"{path}: cannot be read as a video, skipped")
-                continue
-            frames, found = run_video(model, capture, name, imgsz, out, args, coco, seconds)
+    with stop_on_ctrl_c() as stop:
+        if streams:
+            images += run_streams(model, streams, imgsz, out, args, coco, seconds, notify, stop)
+        if capture is not None:
+            frames, found = run_video(model, capture, f"webcam{sources}", imgsz, out, args, coco, seconds, stop)
+            print(f"webcam {sources}: {frames} frames, {found} detections")
             images += frames
-            tqdm.write(f"{path}: {frames} frames, {found} detections -> {out / name}.mp4")
-            continue
-        img = read_image(path)
-        if img is None:
-            skipped.append(path)
-            tqdm.write(f"{path}: cannot be read as an image, skipped")
-            continue
-        dets, times = detect(model, img, imgsz, args)
-        seconds += times
-        images += 1
-        save_results(dets, name, img.shape[:2], out, args, coco)
-        annotated = draw_detections(cv2.cvtColor(img, cv2.COLOR_RGB2BGR), dets.tolist(), model["names"])
-        suffix = Path(path).suffix if Path(path).suffix.lower() in WRITABLE_SUFFIXES else ".jpg"
-        cv2.imwrite(str(out / (name + suffix)), annotated)
-        tqdm.write(
-            f"{path}: {describe(dets, model['names'])} ({times[0] * 1000:.1f} ms preprocess, "
-            f"{times[1] * 1000:.1f} ms inference, {times[2] * 1000:.1f} ms NMS)"
-        )
+            sources = []
+        images += run_files(model, sources, imgsz, out, args, coco, seconds, skipped, stop)
 
     if args.save_json:
         (out / "predictions.json").write_text(json.dumps(coco))
