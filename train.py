@@ -49,7 +49,7 @@ from utils.data import (
 from utils.dataset_yaml import DatasetError, load_dataset_yaml
 from utils.distributed import amp_dtype_for, any_rank, barrier, make_run_dir, node_share, setup_distributed, wrap_ddp
 from utils.ema import ModelEMA, unwrap
-from utils.evaluate import epoch_metrics, evaluate, format_table
+from utils.evaluate import FITNESS, epoch_metrics, evaluate, format_table
 from utils.faults import StopRequest, abort_run, install_crash_handler, realign_ddp, too_large_batch
 from utils.general import seed_everything, setup_logging
 from utils.images import cache_images
@@ -112,7 +112,8 @@ add("--deterministic", action="store_true", help="deterministic algorithms (exac
 add("--subset", type=int, default=0, help="use only the first N train and val images (debugging)")
 add("--fraction", type=float, default=1.0, help="train on this fraction of the training images (the first ones)")
 add("--single-cls", action="store_true", help="train every class as one class, 'object'")
-add("--patience", type=int, default=100, help="stop when mAP50-95 has not improved for N epochs (0: never)")
+add("--patience", type=int, default=100, help="stop when --fitness has not improved for N epochs (0: never)")
+add("--fitness", default="map", choices=FITNESS, help="picks best.pt: mAP50-95, mAP50, or 0.1 mAP50 + 0.9 mAP50-95")
 add("--cache", nargs="?", const="ram", default="", choices=["", "ram"], help="keep decoded images in RAM")
 add("--multi-scale", action="store_true", help="vary the image size +/-50%% per iteration")
 add("--sync-bn", action="store_true", help="SyncBatchNorm across GPUs (DDP)")
@@ -138,7 +139,7 @@ given_flags = explicit_flags(parser, sys.argv[1:])
 fix_cv2_and_file_limits()  # pitfalls D6-D7: file descriptors and cv2's threads (and again in every data-loader worker)
 try:  # --resume: the saved arguments, with this machine's devices and workers (and --batch, --amp where given)
     args, resume_ckpt = resume_arguments(parser, args, given_flags)  # resume_ckpt: the last.pt continued, or None
-except CheckpointError as e:
+except ValueError as e:  # CheckpointError too
     sys.exit(f"--resume: {e}")
 
 device, rank, local_rank, world_size, flags_group = setup_distributed(args.device)
@@ -245,8 +246,7 @@ if resume_ckpt:
     set_rng_states(resume_ckpt["rng"])
     log.info(f"resuming {args.resume} at epoch {start_epoch}, iteration {start_iteration}")
 
-# What rebuilds the model without the training command; last.pt and best.pt both start with it
-checkpoint_header = {"format": FORMAT, "scale": scale, "nc": nc, "names": names, "imgsz": args.imgsz}
+checkpoint_header = dict(format=FORMAT, scale=scale, nc=nc, names=names, imgsz=args.imgsz)  # rebuilds the model
 last_pt, best_pt = run_dir / "weights" / "last.pt", run_dir / "weights" / "best.pt"
 
 
@@ -462,8 +462,8 @@ for epoch in range(start_epoch, args.epochs):
         if (epoch + 1) % args.val_every == 0 or final_epoch:
             # only picks best.pt and fills results.csv: fp16 on CUDA, fast_map; the final one below is pycocotools'
             metrics = epoch_metrics(ema.ema, val_loader, nc, device, half=device.type == "cuda")
-            if metrics["mAP50-95"] > best_fitness:
-                best_fitness, best_epoch = metrics["mAP50-95"], epoch + 1
+            if FITNESS[args.fitness](metrics) > best_fitness:
+                best_fitness, best_epoch = FITNESS[args.fitness](metrics), epoch + 1
                 best = {
                     **checkpoint_header,
                     "model": ema.ema.state_dict(), "epoch": epoch + 1, "metrics": metrics, "args": vars(args),
@@ -482,7 +482,7 @@ for epoch in range(start_epoch, args.epochs):
     # --patience: rank 0 saw the fitness; the vote is also the barrier where the other ranks wait for it
     patience_over = is_main and args.patience > 0 and epoch + 1 - best_epoch >= args.patience and not final_epoch
     if any_rank([patience_over], world_size, flags_group)[0]:
-        log.info(f"stopping early: no better mAP50-95 in {args.patience} epochs (--patience); best: epoch {best_epoch}")
+        log.info(f"stopping early: {args.fitness} not better in {args.patience} epochs (--patience); best {best_epoch}")
         break
 
 # -----------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -776,3 +777,34 @@ def test_compile_trains_and_saves_plain_weights(tiny_data, tmp_path):
     state = load(out / "weights/last.pt")
     assert state["args"]["compile"] and not any(k.startswith("_orig_mod") for k in state["model"])
     assert state["model"].keys() == load(out / "weights/best.pt")["model"].keys()
+
+
+def test_extend_a_finished_run_as_if_started_with_more_epochs(tiny_data, tmp_path):
+    """--resume last.pt --epochs N continues a finished run: exactly as a run started with N epochs goes on from the
+    same state (the schedule is a function of (epoch, epochs)), and --fitness picks best.pt by its own number."""
+    common = ["--data", tiny_data, "--deterministic", "--accumulate", "1", "--fitness", "ultralytics", *TINY]
+    run([*common, "--epochs", "2", "--out", tmp_path / "finished"])
+    finished = load(tmp_path / "finished/weights/last.pt")
+    rows = list(csv.DictReader(open(tmp_path / "finished/results.csv")))
+    best = rows[finished["best_epoch"] - 1]
+    expected = 0.1 * float(best["mAP50"]) + 0.9 * float(best["mAP50-95"])
+    assert finished["args"]["fitness"] == "ultralytics" and finished["best_fitness"] == pytest.approx(expected, 1e-3)
+    for name in ("extended", "started_with_3"):
+        shutil.copytree(tmp_path / "finished", tmp_path / name)
+    as_if = load(tmp_path / "started_with_3/weights/last.pt")
+    as_if["args"]["epochs"] = 3  # the same state, in a run that was started with 3 epochs and stopped after 2
+    torch.save(as_if, tmp_path / "started_with_3/weights/last.pt")
+
+    before = (tmp_path / "extended/weights/last.pt").read_bytes()
+    refused = run(["--resume", tmp_path / "extended/weights/last.pt", "--epochs", "1"], check=False)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "--epochs 1 is fewer than the 2 epochs" in refused.stderr and "give more than 2" in refused.stderr
+    assert (tmp_path / "extended/weights/last.pt").read_bytes() == before  # nothing lost
+
+    run(["--resume", tmp_path / "extended/weights/last.pt", "--epochs", "3"])
+    run(["--resume", tmp_path / "started_with_3/weights/last.pt"])
+    extended, reference = (load(tmp_path / f"{n}/weights/last.pt") for n in ("extended", "started_with_3"))
+    assert extended["epoch"] == 3 and extended["args"]["epochs"] == 3
+    for key in ("model", "ema", "optimizer"):
+        assert tensors_equal(extended[key], reference[key]), key
+    assert len(list(csv.DictReader(open(tmp_path / "extended/results.csv")))) == 3

@@ -235,6 +235,13 @@ def confusion_matrix(results, records, nc, conf=0.25, iou=0.45):
     return matrix
 
 
+FITNESS = {  # --fitness: what picks best.pt and drives --patience
+    "map": lambda m: m["mAP50-95"],
+    "map50": lambda m: m["mAP50"],
+    "ultralytics": lambda m: 0.1 * m["mAP50"] + 0.9 * m["mAP50-95"],  # Ultralytics' weighting
+}
+
+
 def epoch_metrics(model, loader, nc, device, half=False, max_det=300):
     """The validation after each epoch: {precision, recall, mAP50, mAP50-95} by fast_map (COCO's rules in numpy,
     seconds on COCO val where pycocotools takes a minute). It only picks best.pt and fills results.csv."""

@@ -46,14 +46,22 @@ def default_workers(local_world_size=1, most=None):
 def resume_arguments(parser, args, given_flags):
     """--resume: (the arguments to continue with, the last.pt). A resumed run keeps the arguments it started with;
     only where and how it runs may change (another machine: its devices, its cores, and where given, the AMP its
-    GPU supports and the batch its GPUs fit). Without --resume: (args, None). CheckpointError for a missing or
-    unusable file."""
+    GPU supports and the batch its GPUs fit), and --epochs, to extend a run: the schedule is a pure function of
+    (epoch, epochs), so the run goes on exactly as one started with the larger --epochs would from the same state
+    (the learning rate is recomputed over the new total from where the run is: it rises again from lrf and decays
+    to lrf at the new end; --close-mosaic's last epochs move to the new end). Without --resume: (args, None).
+    CheckpointError (a ValueError) for a missing or unusable file, ValueError for fewer --epochs than trained."""
     if not args.resume:
         return args, None
     from utils.checkpoint import load_resume_checkpoint  # torch: only when resuming
 
     path, ckpt = load_resume_checkpoint(args.resume if isinstance(args.resume, str) else None)
-    changeable = ["device", "workers"] + [k for k in ("amp", "amp_dtype", "batch") if k in given_flags]
+    changeable = ["device", "workers"] + [k for k in ("amp", "amp_dtype", "batch", "epochs") if k in given_flags]
+    if "epochs" in given_flags and args.epochs < ckpt["epoch"]:
+        raise ValueError(
+            f"--epochs {args.epochs} is fewer than the {ckpt['epoch']} epochs {path} has trained: "
+            f"give more than {ckpt['epoch']} to extend the run, or leave --epochs out to finish it"
+        )
     where = {k: getattr(args, k) for k in changeable}
     resumed = argparse.Namespace(**{**vars(parser.parse_args([])), **ckpt["args"], **where, "resume": path})
     resumed.out = str(Path(path).parents[1])
