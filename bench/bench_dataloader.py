@@ -8,9 +8,9 @@ GPU/CPU waits on data: add --workers, use --cache ram, or lower the augmentation
 The two are timed one after the other, never together, so neither steals the other's cores.
 The augmentation settings are read from train.py's HYP table (the defaults a run uses).
 
---per-worker: the loader alone, images/s per loader worker (what sizes the CPU of a GPU machine: cores needed =
---target-rate / images/s per worker), at each worker count given, on a generated shapes set (--shapes-dir,
---shapes-n images of --shapes-size px; made once, then reused) or --data. --peer-python runs
+--per-worker: the loader alone, images/s per loader worker and images per CPU-second of a worker (what sizes the
+CPU of a GPU machine: cores needed = --target-rate / per-worker rate), at each worker count given, on a generated
+shapes set (--shapes-dir, --shapes-n images of --shapes-size px; made once, then reused) or --data. --peer-python runs
 bench/ultralytics_dataloader.py with that interpreter (the peer venv; ultralytics is never imported here) on the
 same images, same size, batch, workers, warm-up and batch count, interleaved with ours repeat by repeat:
 
@@ -44,6 +44,7 @@ import torch  # noqa: E402
 from models.yolo import YOLO  # noqa: E402
 from utils.data import EpochBatchSampler, TrainDataset, fix_cv2_and_file_limits, make_loader  # noqa: E402
 from utils.dataset_yaml import load_dataset_yaml  # noqa: E402
+from utils.images import cache_images  # noqa: E402
 from utils.labels import load_verified  # noqa: E402
 from utils.loss import DetectionLoss  # noqa: E402
 from utils.shapes import make_shapes  # noqa: E402
@@ -72,20 +73,39 @@ def machine():
 
 def time_loader(dataset, batch, workers, warmup, batches):
     """Images/s of the training loader, after `warmup` batches (worker start-up not counted).
-    Returns (images/s, one batch to time the model with)."""
+    Returns (images/s, one batch to time the model with, images per CPU-second of the workers or None)."""
     loader = make_loader(dataset, EpochBatchSampler(len(dataset), batch, seed=0), workers=workers)
     it = iter(loader)
     sample = None
     for sample in itertools.islice(it, warmup):
         pass
+    pids = [w.pid for w in getattr(it, "_workers", [])]
+    cpu = cpu_seconds(pids)
     start = time.perf_counter()
     images = 0
     for sample in itertools.islice(it, batches):
         images += len(sample[0])
     seconds = time.perf_counter() - start
+    cpu_end = cpu_seconds(pids)
     del it, loader  # stop the workers before the model is timed
     gc.collect()
-    return images / seconds, sample
+    cpu_rate = images / (cpu_end - cpu) if pids and cpu is not None and cpu_end is not None and cpu_end > cpu else None
+    return images / seconds, sample, cpu_rate
+
+
+def cpu_seconds(pids):
+    """User + system CPU seconds these processes have used so far (Linux /proc), or None. Images per CPU-second
+    of the workers is what one core would deliver if it were theirs alone: far less noisy than images/s on a
+    shared machine, where the workers also wait for the cores."""
+    try:
+        total = 0
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+            total += int(fields[11]) + int(fields[12])  # utime and stime, fields 14 and 15 of stat
+        return total / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def loadavg():
@@ -97,7 +117,8 @@ def loadavg():
 
 
 def run_peer(args, images_dir, size, workers):
-    """bench/ultralytics_dataloader.py in the peer venv, one repeat; returns {workers: (images/s, loadavg)}."""
+    """bench/ultralytics_dataloader.py in the peer venv, one repeat; returns {workers: (images/s, images per
+    CPU-second of the workers, loadavg)}."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "peer.json"
         cmd = [
@@ -130,12 +151,12 @@ def run_peer(args, images_dir, size, workers):
             args.peer_found = found[0]
             print(f"  Ultralytics read: {found[0]}", flush=True)
         result = json.loads(out.read_text())["workers"]
-        return {int(w): (r["runs"][0], r["loadavg"][0]) for w, r in result.items()}
+        return {int(w): (r["runs"][0], r["cpu_runs"][0], r["loadavg"][0]) for w, r in result.items()}
 
 
 def profile_samples(records, size, hyp, n, cache_ram):
     """cProfile of n training samples made in this process (workers=0): where a worker's time goes."""
-    dataset = TrainDataset(records, size, hyp, seed=0, cache_ram=cache_ram)
+    dataset = TrainDataset(records, size, hyp, seed=0, cache=cache_images(records, size) if cache_ram else None)
     for i in range(5):  # first-call costs (imports, allocations)
         dataset[(0, i)]
     profiler = cProfile.Profile()
@@ -166,44 +187,52 @@ def per_worker(args, records, images_dir):
         f" cache {'ram' if args.cache_ram else 'off'} | {args.warmup} batches warm-up, {args.batches} timed,"
         f" best of {args.repeats}"
     )
-    runs = {}  # (repo, size, workers) -> [(images/s, loadavg)]
+    runs = {}  # (repo, size, workers) -> [(images/s, images per worker CPU-second, loadavg)]
+    caches = {size: cache_images(records, size) if args.cache_ram else None for size in args.sizes}
+
+    def record(repo, repeat, size, workers, rate, cpu_rate, load):
+        runs.setdefault((repo, size, workers), []).append((rate, cpu_rate, load))
+        per_cpu = f"{cpu_rate:6.1f}" if cpu_rate else "     ?"
+        print(
+            f"  run {repeat + 1} {repo:<11} {size} px, {workers} workers: {rate:6.1f} img/s"
+            f" ({rate / workers:5.1f} per worker, {per_cpu} per worker CPU-second) | loadavg {load}",
+            flush=True,
+        )
+
     for repeat in range(args.repeats):
         for size in args.sizes:
             for workers in args.per_worker:
-                dataset = TrainDataset(records, size, hyp, seed=repeat, cache_ram=args.cache_ram)
-                rate = time_loader(dataset, args.batch, workers, args.warmup, args.batches)[0]
-                load = loadavg()
-                runs.setdefault(("ours", size, workers), []).append((rate, load))
-                print(
-                    f"  run {repeat + 1} ours        {size} px, {workers} workers: {rate:6.1f} img/s"
-                    f" ({rate / workers:5.1f} per worker) | loadavg {load}",
-                    flush=True,
-                )
+                dataset = TrainDataset(records, size, hyp, seed=repeat, cache=caches[size])
+                rate, _, cpu_rate = time_loader(dataset, args.batch, workers, args.warmup, args.batches)
+                record("ours", repeat, size, workers, rate, cpu_rate, loadavg())
             if args.peer_python:
-                for workers, (rate, load) in run_peer(args, images_dir, size, args.per_worker).items():
-                    runs.setdefault(("ultralytics", size, workers), []).append((rate, load))
-                    print(
-                        f"  run {repeat + 1} Ultralytics {size} px, {workers} workers: {rate:6.1f} img/s"
-                        f" ({rate / workers:5.1f} per worker) | loadavg {load}",
-                        flush=True,
-                    )
-    target = f"cores for {args.target_rate:g} img/s"
+                for workers, (rate, cpu_rate, load) in run_peer(args, images_dir, size, args.per_worker).items():
+                    record("ultralytics", repeat, size, workers, rate, cpu_rate, load)
+    target = args.target_rate
     print(
-        f"\n{'repo':<11} | {'imgsz':>5} | {'workers':>7} | {'img/s':>6} | {'img/s/worker':>12} | {target:>20}"
-        f" | loadavg of each run"
+        f"\nbest of {args.repeats}; cores for {target:g} img/s = {target:g} / per-worker rate (wall: images/s per"
+        " worker; CPU: images per CPU-second of a worker, i.e. a core of its own)"
     )
-    best = {}
+    print(
+        f"{'repo':<11} | {'imgsz':>5} | {'workers':>7} | {'img/s':>6} | {'img/s/worker':>12} | {'img/CPU-s':>9} |"
+        f" {'cores (wall)':>12} | {'cores (CPU)':>11} | loadavg of each run"
+    )
+    best, best_cpu = {}, {}
     for (repo, size, workers), measured in runs.items():
-        rate = best[repo, size, workers] = max(r for r, _ in measured)
+        rate = best[repo, size, workers] = max(r for r, _, _ in measured)
+        cpu_rate = best_cpu[repo, size, workers] = max((c for _, c, _ in measured if c), default=None)
+        per_cpu, cores_cpu = (f"{cpu_rate:.1f}", f"{target / cpu_rate:.1f}") if cpu_rate else ("?", "?")
         print(
-            f"{repo:<11} | {size:>5} | {workers:>7} | {rate:>6.1f} | {rate / workers:>12.1f} |"
-            f" {args.target_rate / (rate / workers):>20.1f} | {' '.join(load for _, load in measured)}"
+            f"{repo:<11} | {size:>5} | {workers:>7} | {rate:>6.1f} | {rate / workers:>12.1f} | {per_cpu:>9} |"
+            f" {target / (rate / workers):>12.1f} | {cores_cpu:>11} | {' '.join(load for _, _, load in measured)}"
         )
     if args.peer_python:
         for size in args.sizes:
             for workers in args.per_worker:
                 ratio = best["ours", size, workers] / best["ultralytics", size, workers]
-                print(f"ours / Ultralytics, {size} px, {workers} workers: {ratio:.2f}x images/s per worker")
+                ours_cpu, peer_cpu = best_cpu["ours", size, workers], best_cpu["ultralytics", size, workers]
+                cpu = f", {ours_cpu / peer_cpu:.2f}x per worker CPU-second" if ours_cpu and peer_cpu else ""
+                print(f"ours / Ultralytics, {size} px, {workers} workers: {ratio:.2f}x images/s per worker{cpu}")
     if args.profile:
         for size in args.sizes:
             profile_samples(records, size, hyp, args.profile, args.cache_ram)
@@ -298,7 +327,7 @@ def main():
     )
     rows = []
     for size in args.sizes:
-        loader_rate, (images, targets) = time_loader(
+        loader_rate, (images, targets), _ = time_loader(
             TrainDataset(records, size, hyp, seed=0), args.batch, args.workers, args.warmup, args.batches
         )
         if len(images) < args.batch:  # the last batch of an epoch can be short; time the step on a full one

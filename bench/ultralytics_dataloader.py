@@ -17,7 +17,10 @@ last /images/ of each path for /labels/ (the layout utils/shapes.make_shapes wri
 
 Timing: `--warmup` batches are not timed (worker start-up, the mosaic buffer filling), then `--batches` batches
 are. --repeats runs the whole measurement again with fresh workers and keeps the best (a shared CPU is noisy).
---json FILE writes {workers: {"images_per_second": best, "runs": [...], "loadavg": [...]}}.
+Images per CPU-second of the workers (their user + system time in /proc over the timed batches) is printed beside
+images/s: what one core delivers when it is the worker's alone, far less noisy than images/s on a shared machine.
+--json FILE writes {"workers": {W: {"images_per_second": best, "images_per_cpu_second": best, "runs": [...],
+"cpu_runs": [...], "loadavg": [...]}}}.
 """
 
 import argparse
@@ -44,6 +47,19 @@ def loadavg():
         return open("/proc/loadavg").read().split()[0]
     except OSError:
         return "?"
+
+
+def cpu_seconds(pids):
+    """User + system CPU seconds these processes have used so far (Linux /proc), or None."""
+    try:
+        total = 0
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+            total += int(fields[11]) + int(fields[12])  # utime and stime, fields 14 and 15 of stat
+        return total / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def batches_forever(loader):
@@ -73,13 +89,17 @@ def time_loader(args, workers):
     it = batches_forever(loader)
     for _ in itertools.islice(it, args.warmup):
         pass
+    pids = [w.pid for w in getattr(loader.iterator, "_workers", [])]
+    cpu = cpu_seconds(pids)
     start = time.perf_counter()
     images = sum(len(batch["img"]) for batch in itertools.islice(it, args.batches))
     rate = images / (time.perf_counter() - start)
+    cpu_end = cpu_seconds(pids)
     load = loadavg()
     loader.close()
     del it, loader, dataset
-    return rate, load
+    cpu_rate = images / (cpu_end - cpu) if pids and cpu is not None and cpu_end is not None and cpu_end > cpu else None
+    return rate, cpu_rate, load
 
 
 def main():
@@ -106,21 +126,29 @@ def main():
         f"{args.images}, {args.imgsz} px, batch {args.batch}, mosaic on, cache {'ram' if args.cache_ram else 'off'}",
         flush=True,
     )
-    results = {w: {"runs": [], "loadavg": []} for w in args.workers}
+    results = {w: {"runs": [], "cpu_runs": [], "loadavg": []} for w in args.workers}
     for repeat in range(args.repeats):
         for workers in args.workers:
-            rate, load = time_loader(args, workers)
+            rate, cpu_rate, load = time_loader(args, workers)
             results[workers]["runs"].append(rate)
+            results[workers]["cpu_runs"].append(cpu_rate)
             results[workers]["loadavg"].append(load)
+            per_cpu = f"{cpu_rate:6.1f}" if cpu_rate else "     ?"
             print(
-                f"  run {repeat + 1}: {workers} workers {rate:7.1f} img/s ({rate / workers:6.1f} per worker)"
-                f" | loadavg {load}",
+                f"  run {repeat + 1}: {workers} workers {rate:7.1f} img/s ({rate / workers:6.1f} per worker,"
+                f" {per_cpu} per worker CPU-second) | loadavg {load}",
                 flush=True,
             )
-    print(f"{'workers':>7} | {'img/s':>7} | {'img/s/worker':>12} | {f'cores for {args.target_rate:g} img/s':>22}")
+    target = args.target_rate
+    print(f"best of {args.repeats}; cores for {target:g} img/s = {target:g} / per-worker rate (wall, or CPU-second)")
+    print(
+        f"{'workers':>7} | {'img/s':>7} | {'img/s/worker':>12} | {'img/CPU-s':>9} | {'cores (wall)':>12} | cores (CPU)"
+    )
     for workers, r in results.items():
         best = r["images_per_second"] = max(r["runs"])
-        print(f"{workers:>7} | {best:>7.1f} | {best / workers:>12.1f} | {args.target_rate / (best / workers):>22.1f}")
+        cpu = r["images_per_cpu_second"] = max((c for c in r["cpu_runs"] if c), default=None)
+        cpu_cells = f"{cpu:>9.1f} | {target / (best / workers):>12.1f} | {target / cpu:.1f}" if cpu else "?"
+        print(f"{workers:>7} | {best:>7.1f} | {best / workers:>12.1f} | {cpu_cells}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"ultralytics": ultralytics.__version__, "workers": results}, f, indent=1)
