@@ -49,7 +49,7 @@ from utils.data import (
 from utils.dataset_yaml import DatasetError, load_dataset_yaml
 from utils.distributed import amp_dtype_for, any_rank, barrier, make_run_dir, node_share, setup_distributed, wrap_ddp
 from utils.ema import ModelEMA, unwrap
-from utils.evaluate import FITNESS, epoch_metrics, evaluate, format_table
+from utils.evaluate import FITNESS, VAL_LOSSES, epoch_metrics, evaluate, format_table
 from utils.faults import StopRequest, abort_run, install_crash_handler, realign_ddp, too_large_batch
 from utils.general import seed_everything, setup_logging
 from utils.images import cache_images
@@ -86,7 +86,7 @@ HYP = dict(
 )  # fmt: skip
 MAX_NONFINITE_STEPS = 5  # optimizer steps in a row with NaN/Inf gradients before the run stops and writes crash/
 MAX_OOM_STEPS = 3  # optimizer steps in a row lost to out-of-memory before the run stops (--batch is too large)
-METRICS = ("precision", "recall", "mAP50", "mAP50-95")  # results.csv: the losses, these, lr, time, faults per epoch
+METRICS = ("precision", "recall", "mAP50", "mAP50-95", *VAL_LOSSES)  # results.csv: losses, these, lr, time, faults
 FAULTS = ("assign_on_cpu", "oom_skipped_steps", "nonfinite_skipped_steps")
 COLUMNS = ("epoch", "box_loss", "cls_loss", "dfl_loss", *METRICS, "lr", "seconds", *FAULTS)
 
@@ -461,7 +461,7 @@ for epoch in range(start_epoch, args.epochs):
         metrics = dict.fromkeys(METRICS, float("nan"))
         if (epoch + 1) % args.val_every == 0 or final_epoch:
             # only picks best.pt and fills results.csv: fp16 on CUDA, fast_map; the final one below is pycocotools'
-            metrics = epoch_metrics(ema.ema, val_loader, nc, device, half=device.type == "cuda")
+            metrics = epoch_metrics(ema.ema, val_loader, nc, device, half=device.type == "cuda", loss_fn=loss_fn)
             if FITNESS[args.fitness](metrics) > best_fitness:
                 best_fitness, best_epoch = FITNESS[args.fitness](metrics), epoch + 1
                 best = {

@@ -223,11 +223,13 @@ class Detect(nn.Module):
             nn.init.constant_(box[-1].bias, 1.0)
             nn.init.constant_(cls[-1].bias, math.log(5 / self.nc / (imgsz / s) ** 2))
 
+    return_maps = False  # eval mode: also return the raw maps (the per-epoch validation loss, no second forward)
+
     def forward(self, feats):
         maps = [torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(feats, self.box, self.cls)]
         if self.training:
             return maps
-        return self.decode(maps)
+        return (self.decode(maps), maps) if self.return_maps else self.decode(maps)
 
     def decode(self, maps):
         """Raw maps -> (batch, anchors, 4 + nc): xyxy boxes in input pixels and class probabilities.

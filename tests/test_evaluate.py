@@ -68,3 +68,38 @@ def test_fast_map_of_perfect_empty_and_wrong_detections():
     assert fast_map({}, records, 6)["mAP50-95"] == 0.0
     wrong_class = {i: np.column_stack((d[:, :5], (d[:, 5] + 1) % 5)) for i, d in perfect.items()}
     assert fast_map(wrong_class, records, 6)["mAP50"] == 0.0
+
+
+def test_validation_loss_comes_from_the_same_forward_as_the_detections(tmp_path):
+    """epoch_metrics' validation losses: the training loss of the validation batches, from the raw maps of the
+    one forward that also gives the detections (no second pass), and the model is left as it was."""
+    import torch
+
+    from models.yolo import YOLO
+    from utils.data import ValDataset, make_loader
+    from utils.evaluate import VAL_LOSSES, epoch_metrics
+    from utils.labels import load_verified
+    from utils.loss import DetectionLoss
+    from utils.shapes import make_shapes
+
+    make_shapes(tmp_path / "shapes", n_train=1, n_val=4, seed=1, size=96)
+    records = load_verified([str(tmp_path / "shapes/images/val")], 6, "val")
+    loader = make_loader(ValDataset(records, 64, 2), batch_size=2, workers=0)
+    torch.manual_seed(0)
+    model = YOLO("n", 6).eval()
+    loss_fn = DetectionLoss(model.head)
+    forwards = []
+    model.register_forward_hook(lambda module, inputs, output: forwards.append(len(inputs[0])))
+    metrics = epoch_metrics(model, loader, 6, torch.device("cpu"), loss_fn=loss_fn)
+    assert forwards == [2, 2] and not model.head.return_maps  # one forward per batch
+    expected = []
+    with torch.no_grad():
+        for images, targets, _ in loader:
+            model.train()  # the training forward gives the raw maps; BN in eval mode keeps it the same network
+            for m in model.modules():
+                if isinstance(m, torch.nn.BatchNorm2d):
+                    m.eval()
+            expected.append(loss_fn(model(images.float() / 255), targets)[1])
+    expected = torch.stack(expected).mean(0).tolist()
+    assert [metrics[k] for k in VAL_LOSSES] == pytest.approx(expected, rel=1e-5)
+    assert {"precision", "recall", "mAP50", "mAP50-95"} <= metrics.keys()

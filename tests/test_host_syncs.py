@@ -361,7 +361,7 @@ def test_validation_copies_detections_to_the_host_once_per_batch():
     for i, m in enumerate(loader[1][2]):
         m["index"] = 20 + i
     with count_host_syncs() as counts:
-        results, _ = predict_dataset(FixedModel(predictions), loader, torch.device("cpu"), conf=0.05)
+        results, _, _ = predict_dataset(FixedModel(predictions), loader, torch.device("cpu"), conf=0.05)
     assert counts["Tensor.cpu"] == len(loader)
     assert sorted(results) == [10, 11, 12, 20, 21, 22]
     assert len(results[11]) == 0 and results[11].shape == (0, 6)

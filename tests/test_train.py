@@ -106,6 +106,8 @@ def test_two_epoch_run_writes_every_output(tiny_data, tmp_path):
     assert [r["epoch"] for r in rows] == ["1", "2"]
     for column in ["box_loss", "cls_loss", "dfl_loss", "precision", "recall", "mAP50", "mAP50-95", "lr", "seconds"]:
         assert column in rows[0] and float(rows[-1][column]) == float(rows[-1][column])  # present, not NaN
+    for column in ["val_box_loss", "val_cls_loss", "val_dfl_loss"]:  # beside the training losses, each epoch
+        assert all(0 < float(r[column]) < 100 for r in rows), column
     last, best = load(out / "weights/last.pt"), load(out / "weights/best.pt")
     assert last["epoch"] == 2 and last["iteration"] == 0 and "optimizer" in last and "scaler" in last
     # deployable, self-describing

@@ -21,36 +21,55 @@ def synchronize(device):
 
 
 @torch.no_grad()
-def predict_dataset(model, loader, device, conf=0.001, iou=0.7, max_det=300, half=False):
+def predict_dataset(model, loader, device, conf=0.001, iou=0.7, max_det=300, half=False, loss_fn=None):
     """Detections of every validation image in original pixels: dict dataset index -> (n, 6) array
-    of x1 y1 x2 y2 score class. Also the time per image of each stage, in ms."""
+    of x1 y1 x2 y2 score class. Also the time per image of each stage, in ms, and with `loss_fn` (train.py's
+    DetectionLoss) the mean validation loss parts (box, cls, dfl) from the same forward's raw maps, else None."""
     model.eval()  # pitfall M1: BN and dropout must be in inference mode
     # fp16 after val.py --half; fp32 weights (the EMA in training) run in autocast
     dtype = next(model.parameters()).dtype
     results, seconds, images = {}, np.zeros(3), 0
-    for batch, _, metas in loader:
-        synchronize(device)
-        t0 = time.perf_counter()
-        x = batch.to(device, non_blocking=True).to(dtype).div_(255)  # pitfall D3: the model takes 0..1, not 0..255
-        synchronize(device)
-        t1 = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.float16, enabled=half and device.type == "cuda"):
-            predictions = model(x)
-        synchronize(device)
-        t2 = time.perf_counter()
-        detections = non_max_suppression(predictions.float(), conf, iou, max_det=max_det, multi_label=True)
-        synchronize(device)
-        t3 = time.perf_counter()
-        seconds += (t1 - t0, t2 - t1, t3 - t2)
-        images += len(batch)
-        for det, meta in zip(detections, metas):
-            det[:, :4] = scale_boxes_to_original(det[:, :4], meta["ratio"], meta["pad"], meta["shape"])
-        # one copy to the host per batch, not per image: each one waits for the GPU
-        on_host = torch.cat(detections).cpu().numpy() if detections else np.zeros((0, 6), np.float32)
-        for meta, det in zip(metas, np.split(on_host, np.cumsum([len(d) for d in detections])[:-1])):
-            results[meta["index"]] = det
+    loss_sum, batches = torch.zeros(3, device=device), 0
+    if loss_fn is not None:
+        model.head.return_maps = True
+    try:
+        for batch, targets, metas in loader:
+            predictions, maps = model_outputs(model, batch, device, dtype, half, seconds)
+            if loss_fn is not None:  # summed on the device, read once at the end
+                loss_sum += loss_fn(maps, targets)[1]
+                batches += 1
+            nms = lambda: non_max_suppression(predictions.float(), conf, iou, max_det=max_det, multi_label=True)  # noqa: E731
+            detections = timed(device, seconds, 2, nms)
+            images += len(batch)
+            for det, meta in zip(detections, metas):
+                det[:, :4] = scale_boxes_to_original(det[:, :4], meta["ratio"], meta["pad"], meta["shape"])
+            # one copy to the host per batch, not per image: each one waits for the GPU
+            on_host = torch.cat(detections).cpu().numpy() if detections else np.zeros((0, 6), np.float32)
+            for meta, det in zip(metas, np.split(on_host, np.cumsum([len(d) for d in detections])[:-1])):
+                results[meta["index"]] = det
+    finally:
+        if loss_fn is not None:
+            model.head.return_maps = False
     speed = dict(zip(("preprocess", "inference", "nms"), (seconds / max(images, 1) * 1000).round(3).tolist()))
-    return results, speed
+    return results, speed, (loss_sum / max(batches, 1)).tolist() if loss_fn is not None else None
+
+
+def timed(device, seconds, stage, work):
+    """work(), its wall time (the device's queue drained before and after) added to seconds[stage]."""
+    synchronize(device)
+    start = time.perf_counter()
+    out = work()
+    synchronize(device)
+    seconds[stage] += time.perf_counter() - start
+    return out
+
+
+def model_outputs(model, batch, device, dtype, half, seconds):
+    """(predictions, raw maps or None) of a uint8 batch; the preprocessing and inference times into seconds."""
+    x = timed(device, seconds, 0, lambda: batch.to(device, non_blocking=True).to(dtype).div_(255))  # pitfall D3
+    with torch.autocast(device.type, dtype=torch.float16, enabled=half and device.type == "cuda"):
+        out = timed(device, seconds, 1, lambda: model(x))
+    return out if isinstance(out, tuple) else (out, None)
 
 
 def coco_map(gt, detections, category_ids, max_det=300):
@@ -235,6 +254,7 @@ def confusion_matrix(results, records, nc, conf=0.25, iou=0.45):
     return matrix
 
 
+VAL_LOSSES = ("val_box_loss", "val_cls_loss", "val_dfl_loss")
 FITNESS = {  # --fitness: what picks best.pt and drives --patience
     "map": lambda m: m["mAP50-95"],
     "map50": lambda m: m["mAP50"],
@@ -242,18 +262,21 @@ FITNESS = {  # --fitness: what picks best.pt and drives --patience
 }
 
 
-def epoch_metrics(model, loader, nc, device, half=False, max_det=300):
+def epoch_metrics(model, loader, nc, device, half=False, max_det=300, loss_fn=None):
     """The validation after each epoch: {precision, recall, mAP50, mAP50-95} by fast_map (COCO's rules in numpy,
-    seconds on COCO val where pycocotools takes a minute). It only picks best.pt and fills results.csv."""
-    results, _ = predict_dataset(model, loader, device, max_det=max_det, half=half)
-    return fast_map(results, loader.dataset.records, nc, max_det)
+    seconds on COCO val where pycocotools takes a minute), and with `loss_fn` the validation losses (val_box_loss,
+    val_cls_loss, val_dfl_loss: overfitting shows as these rising while the training losses fall). It only picks
+    best.pt and fills results.csv."""
+    results, _, losses = predict_dataset(model, loader, device, max_det=max_det, half=half, loss_fn=loss_fn)
+    metrics = fast_map(results, loader.dataset.records, nc, max_det)
+    return {**metrics, **dict(zip(VAL_LOSSES, losses))} if losses is not None else metrics
 
 
 def evaluate(model, loader, names, device, coco_json=None, conf=0.001, iou=0.7, max_det=300, half=False):
     """Everything val.py reports, by pycocotools. Returns a dict with the summary metrics, per-class rows, the
     COCO detections, speeds, the PR curves and the confusion matrix."""
     records = loader.dataset.records
-    results, speed = predict_dataset(model, loader, device, conf, iou, max_det, half)
+    results, speed, _ = predict_dataset(model, loader, device, conf, iou, max_det, half)
     gt, image_ids, category_ids = ground_truth(records, names, coco_json)
     detections = [d for i, det in results.items() for d in detections_to_coco(det, image_ids[i], category_ids)]
     map5095, map50, ap, ap50, ev = coco_map(gt, detections, category_ids, max_det)

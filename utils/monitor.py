@@ -75,8 +75,11 @@ def progress_text(losses, lr, memory_gb, images_per_second):
 
 
 def epoch_line(epoch, epochs, losses, metrics, seconds, faults):
-    """The log line of an epoch, its parts joined with ' | ': losses, P/R/mAP, time, and faults if any."""
-    names = {"precision": "P", "recall": "R"}
+    """The log line of an epoch, its parts joined with ' | ': losses, P/R/mAP, the validation losses, time, and
+    faults if any."""
+    names = {"precision": "P", "recall": "R", "val_box_loss": "val box", "val_cls_loss": "cls", "val_dfl_loss": "dfl"}
     parts = [f"epoch {epoch}/{epochs}: " + " ".join(f"{n} {v:.3f}" for n, v in zip(("box", "cls", "dfl"), losses))]
-    parts += [" ".join(f"{names.get(k, k)} {v:.3f}" for k, v in metrics.items()), f"{seconds:.0f} s"]
+    scores = [f"{names.get(k, k)} {v:.3f}" for k, v in metrics.items() if not k.startswith("val_")]
+    parts += [" ".join(scores), " ".join(f"{names[k]} {v:.3f}" for k, v in metrics.items() if k.startswith("val_"))]
+    parts += [f"{seconds:.0f} s"]
     return " | ".join(parts + [f"{k.replace('_', ' ')} {v}" for k, v in faults.items() if v])
