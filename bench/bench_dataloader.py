@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO))  # run as `python bench/bench_dataloader.py`: find
 
 import cv2  # noqa: E402
 import torch  # noqa: E402
+from cpu_time import cpu_seconds  # noqa: E402  (bench/, the script's own folder, is on sys.path)
 
 from models.yolo import YOLO  # noqa: E402
 from utils.data import EpochBatchSampler, TrainDataset, fix_cv2_and_file_limits, make_loader  # noqa: E402
@@ -91,21 +92,6 @@ def time_loader(dataset, batch, workers, warmup, batches):
     gc.collect()
     cpu_rate = images / (cpu_end - cpu) if pids and cpu is not None and cpu_end is not None and cpu_end > cpu else None
     return images / seconds, sample, cpu_rate
-
-
-def cpu_seconds(pids):
-    """User + system CPU seconds these processes have used so far (Linux /proc), or None. Images per CPU-second
-    of the workers is what one core would deliver if it were theirs alone: far less noisy than images/s on a
-    shared machine, where the workers also wait for the cores."""
-    try:
-        total = 0
-        for pid in pids:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-            total += int(fields[11]) + int(fields[12])  # utime and stime, fields 14 and 15 of stat
-        return total / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def loadavg():

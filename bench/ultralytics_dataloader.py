@@ -37,6 +37,7 @@ os.environ.setdefault("YOLO_CONFIG_DIR", "/work/peer-config")  # settings.json a
 
 import torch  # noqa: E402
 import ultralytics  # noqa: E402
+from cpu_time import cpu_seconds  # noqa: E402  (bench/, the script's own folder, is on sys.path)
 from ultralytics.cfg import get_cfg  # noqa: E402
 from ultralytics.data import build_dataloader, build_yolo_dataset  # noqa: E402
 from ultralytics.utils import DEFAULT_CFG, LOGGER  # noqa: E402
@@ -47,19 +48,6 @@ def loadavg():
         return open("/proc/loadavg").read().split()[0]
     except OSError:
         return "?"
-
-
-def cpu_seconds(pids):
-    """User + system CPU seconds these processes have used so far (Linux /proc), or None."""
-    try:
-        total = 0
-        for pid in pids:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-            total += int(fields[11]) + int(fields[12])  # utime and stime, fields 14 and 15 of stat
-        return total / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def batches_forever(loader):
