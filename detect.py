@@ -15,6 +15,8 @@ drops is reopened a few times, then reported in one sentence; the others go on.
 --weights: a .pt checkpoint, or an .onnx / .torchscript file from export.py (they carry their
 class names, image size and NMS settings, so nothing else is needed).
 
+From Python, in an application: models/predict.py (load, predict), the same path every image here takes.
+
 Outputs in runs/detect/exp (exp2, ... or --out): the annotated images, and a .mp4 per video or stream
 (named after the URL's host, port and path for a stream);
   --save-txt   labels/NAME.txt (labels/NAME_FRAME.txt for videos, FRAME counting every frame of the source,
