@@ -15,6 +15,8 @@ drops is reopened a few times, then reported in one sentence; the others go on.
 --weights: a .pt checkpoint, or an .onnx / .torchscript file from export.py (they carry their
 class names, image size and NMS settings, so nothing else is needed).
 
+From Python, in an application: models/predict.py (load, predict), the same path every image here takes.
+
 Outputs in runs/detect/exp (exp2, ... or --out): the annotated images, and a .mp4 per video or stream
 (named after the URL's host, port and path for a stream);
   --save-txt   labels/NAME.txt (labels/NAME_FRAME.txt for videos, FRAME counting every frame of the source,
@@ -33,7 +35,6 @@ import json
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
 import cv2
@@ -41,14 +42,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from models.yolo import load_model
-from utils.boxes import scale_boxes_to_original, xyxy_to_xywh
+from models.predict import detect_image, inference_size, load, nms_note
+from utils.boxes import xyxy_to_xywh
 from utils.checkpoint import CheckpointError, find_best_checkpoint
 from utils.coco import detections_to_coco
 from utils.distributed import select_device
 from utils.general import next_run_dir
 from utils.images import read_image
-from utils.inference import from_pytorch, load_exported, postprocess, preprocess
 from utils.labels import IMAGE_SUFFIXES
 from utils.plots import draw_detections
 from utils.streams import Stream, StreamError, is_url, quiet_video_logs, read_streams_file, source_names
@@ -83,13 +83,6 @@ def parse_args(argv=None):
     if args.vid_stride < 1:
         parser.error("--vid-stride must be 1 or more")
     return args
-
-
-def open_model(weights, device):
-    """The model behind the interface of utils/inference.py; a bad file -> CheckpointError."""
-    if Path(weights).suffix != ".pt":
-        return load_exported(weights, device)
-    return from_pytorch(load_model(weights)[0], device)
 
 
 def list_sources(source):
@@ -164,17 +157,8 @@ def stop_on_ctrl_c():
 
 
 def detect(model, img_rgb, imgsz, args):
-    """(n, 6) detections in the original image's pixels, and the ms spent in each stage."""
-    t0 = time.perf_counter()
-    x, ratio, pad = preprocess(img_rgb, imgsz)
-    t1 = time.perf_counter()
-    output = model["run"](x)
-    if output.is_cuda:  # CUDA runs asynchronously: wait, or its time would be counted as NMS time
-        torch.cuda.synchronize()
-    t2 = time.perf_counter()
-    dets = postprocess(output, model, args.conf, args.iou, args.classes, args.max_det)[0].cpu()
-    dets[:, :4] = scale_boxes_to_original(dets[:, :4], ratio, pad, img_rgb.shape[:2])
-    return dets, (t1 - t0, t2 - t1, time.perf_counter() - t2)
+    """(n, 6) detections in the original image's pixels and the seconds of each stage, with this run's flags."""
+    return detect_image(model, img_rgb, imgsz, args.conf, args.iou, args.classes, args.max_det)
 
 
 def describe(dets, names):
@@ -350,24 +334,13 @@ def main(argv=None):
         sys.exit("error: no --weights given and no runs/train/*/weights/best.pt found")
     device = select_device(args.device)
     try:
-        model = open_model(weights, device)
+        model = load(weights, device)
     except CheckpointError as e:
         sys.exit(f"error: {e}")
-    imgsz = args.imgsz * 2 if len(args.imgsz) == 1 else args.imgsz[:2]
-    imgsz = tuple(s or m for s, m in zip(imgsz, model["imgsz"]))
-    if not model["dynamic"] and imgsz != tuple(model["imgsz"]):
-        print(
-            f"note: {weights} was exported for {model['imgsz'][0]}x{model['imgsz'][1]} only "
-            "(export with --dynamic for other sizes); using that"
-        )
-        imgsz = tuple(model["imgsz"])
-    stride = model["stride"]
-    imgsz = tuple(-(-s // stride) * stride for s in imgsz)  # the network needs multiples of its stride
-    if model["nms"] and (args.conf < model["nms"]["conf"] or args.iou != model["nms"]["iou"]):
-        print(
-            f"note: NMS is inside {weights} with conf {model['nms']['conf']} and iou {model['nms']['iou']}; "
-            "--conf can only raise it, --iou is ignored"
-        )
+    imgsz, note = inference_size(model, args.imgsz)
+    for sentence in (note, nms_note(model, args.conf, args.iou)):
+        if sentence:
+            print(f"note: {sentence}")
     live, streams = live_sources(args.source), []
     if live:
         quiet_video_logs()

@@ -1,0 +1,131 @@
+"""Detection from Python, as plain functions, for applications that embed the detector:
+
+    from models.predict import load, predict
+
+    model = load("runs/train/exp/weights/best.pt")  # or an .onnx / .torchscript file from export.py
+    result = predict(model, "photo.jpg", conf=0.4)  # or a BGR array as cv2.imread gives, or a list of either
+    for box, score, name in zip(result.boxes, result.scores, result.names):
+        print(name, round(float(score), 2), box.round(1))  # x1 y1 x2 y2 in the image's own pixels
+
+Why a module here: loading a .pt builds the network (models.yolo), and utils/ never imports models/, so
+these cannot live in utils/inference.py; and detect.py is a script of 400 lines about sources, videos and
+streams that nothing should have to import. detect.py itself runs every image and frame through `load`,
+`inference_size` and `detect_image` below: the preprocessing, NMS and scaling back exist once.
+"""
+
+import time
+import warnings
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from models.yolo import load_model
+from utils.boxes import scale_boxes_to_original
+from utils.images import read_image
+from utils.inference import from_pytorch, load_exported, postprocess, preprocess
+
+
+class Detections(NamedTuple):
+    """One image's detections, best first: boxes (n, 4) float32 x1 y1 x2 y2 in the original image's pixels,
+    scores (n,) float32, classes (n,) int64 class indices, names the n class names (a list of str)."""
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    classes: np.ndarray
+    names: list
+
+
+def load(weights, device="cpu"):
+    """A .pt checkpoint (ours or Ultralytics'), or an .onnx / .torchscript file from export.py -> the model dict
+    of utils/inference.py (run, names, imgsz, stride, dynamic, nms, ...) plus "weights", the path as given.
+    device: "cpu", "cuda", "cuda:1", "1" or a torch.device. A missing, broken or foreign file raises
+    utils.checkpoint.CheckpointError (a ValueError) with one sentence that names the file."""
+    device = torch.device(f"cuda:{device}" if str(device).isdigit() else device)
+    if Path(weights).suffix == ".pt":
+        model = from_pytorch(load_model(weights)[0], device)
+    else:
+        model = load_exported(weights, device)
+    return {**model, "weights": str(weights)}
+
+
+def inference_size(model, imgsz=None):
+    """The (h, w) the network runs at, and a sentence when that is not the size asked for (else None).
+    imgsz: one size, or [size], or (h, w); None or 0 take the model's own. A file exported without
+    --dynamic only runs at its own size, and any size is rounded up to a multiple of the stride."""
+    sizes = [imgsz or 0] if imgsz is None or isinstance(imgsz, int) else list(imgsz)
+    size = tuple(s or m for s, m in zip((sizes * 2)[:2], model["imgsz"]))
+    note = None
+    if not model["dynamic"] and size != tuple(model["imgsz"]):
+        h, w = model["imgsz"]
+        note = f"{model['weights']} was exported for {h}x{w} only (export with --dynamic for other sizes); using that"
+        size = (h, w)
+    stride = model["stride"]
+    return tuple(-(-s // stride) * stride for s in size), note
+
+
+def nms_note(model, conf, iou):
+    """A sentence when the thresholds asked for cannot apply because NMS is inside the exported graph, else None."""
+    nms = model["nms"]
+    if nms and (conf < nms["conf"] or iou != nms["iou"]):
+        return (
+            f"NMS is inside {model['weights']} with conf {nms['conf']} and iou {nms['iou']}; "
+            "conf can only raise it, iou is ignored"
+        )
+    return None
+
+
+def detect_image(model, img_rgb, imgsz, conf=0.25, iou=0.7, classes=None, max_det=300):
+    """uint8 RGB (h, w, 3) -> (k, 6) CPU tensor x1 y1 x2 y2 score class in the image's pixels, and the
+    seconds spent in preprocessing, the model and NMS. imgsz: (h, w) from inference_size."""
+    t0 = time.perf_counter()
+    x, ratio, pad = preprocess(img_rgb, imgsz)
+    t1 = time.perf_counter()
+    output = model["run"](x)
+    if output.is_cuda:  # CUDA runs asynchronously: wait, or its time would be counted as NMS time
+        torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    dets = postprocess(output, model, conf, iou, classes, max_det)[0].cpu()
+    dets[:, :4] = scale_boxes_to_original(dets[:, :4], ratio, pad, img_rgb.shape[:2])
+    return dets, (t1 - t0, t2 - t1, time.perf_counter() - t2)
+
+
+def predict(model, source, conf=0.25, iou=0.7, imgsz=None, classes=None, max_det=300, rgb=False):
+    """Detections (see the class) for one image, or a list of them for a list of images.
+
+    source: a path (str or Path) to an image file, or a uint8 (H, W, 3) numpy array in BGR order, as
+    cv2.imread and cv2.VideoCapture give it (rgb=True: in RGB order, as PIL gives it), or a list of these.
+    model: from load. conf, iou, classes (class indices to keep), max_det: as detect.py's flags; imgsz: as
+    inference_size's, None = the model's own. A path that does not exist or holds no readable image raises
+    OSError (FileNotFoundError if missing) in one sentence that names it; an array of another shape or type,
+    ValueError."""
+    size, note = inference_size(model, imgsz)
+    for sentence in (note, nms_note(model, conf, iou)):
+        if sentence:
+            warnings.warn(sentence, stacklevel=2)
+    images = source if isinstance(source, (list, tuple)) else [source]
+    results = []
+    for image in images:
+        dets = detect_image(model, rgb_image(image, rgb), size, conf, iou, classes, max_det)[0].numpy()
+        ids = dets[:, 5].astype(np.int64)
+        boxes, scores = np.ascontiguousarray(dets[:, :4]), np.ascontiguousarray(dets[:, 4])
+        results.append(Detections(boxes, scores, ids, [model["names"][c] for c in ids]))
+    return results if isinstance(source, (list, tuple)) else results[0]
+
+
+def rgb_image(source, rgb=False):
+    """The uint8 RGB array of a path or a BGR (rgb=False) or RGB array; see predict."""
+    if isinstance(source, (str, Path)):
+        if not Path(source).exists():
+            raise FileNotFoundError(f"image {source} does not exist")
+        img = read_image(str(source))
+        if img is None:
+            raise OSError(f"image {source} is not an image that OpenCV can read")
+        return img
+    if not (isinstance(source, np.ndarray) and source.dtype == np.uint8 and source.ndim == 3 and source.shape[2] == 3):
+        what = f"{source.dtype} {source.shape}" if isinstance(source, np.ndarray) else type(source).__name__
+        raise ValueError(f"an image must be a path or a uint8 (H, W, 3) array, not {what}")
+    # the same channel swap as read_image's cv2.cvtColor, so a path and its cv2.imread array give one result;
+    # contiguous, because cv2 refuses views with negative strides (an RGB array made as bgr[..., ::-1])
+    return np.ascontiguousarray(source if rgb else source[..., ::-1])
