@@ -82,3 +82,9 @@ def test_without_scontrol_a_plain_node_name_or_the_launch_address_is_the_master(
 def test_tasks_on_this_node_from_slurms_compact_form(spec, node, tasks):
     env = {"SLURM_NODEID": str(node)} | ({"SLURM_STEP_TASKS_PER_NODE": spec} if spec else {})
     assert distributed.slurm_tasks_on_this_node(env) == tasks
+
+
+def test_the_local_cluster_runs_tasks_and_job_arrays(slurm_cluster):
+    assert slurm_cluster.run("srun", "-n", "2", "hostname").split() == [slurm_cluster.node] * 2
+    job = slurm_cluster.run("sbatch", "--parsable", "--array=0-2", "-o", "/dev/null", "--wrap", "true").strip()
+    assert slurm_cluster.wait(job) == ["COMPLETED"] * 3
