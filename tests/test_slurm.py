@@ -1,13 +1,23 @@
 """train.py under SLURM: the rendezvous derived from SLURM's variables (faked here), then real srun/sbatch runs
 on a single-node cluster started on localhost for these tests (tests/slurm_cluster.py)."""
 
+import json
 import os
 import stat
 import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
 from utils import distributed
+from utils.shapes import make_shapes
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--model", "n", "--imgsz", "64", "--batch", "4", "--workers", "0", "--device", "cpu", "--warmup-epochs", "0"]
 
 SLURM_TASK = {  # what srun -N 2 -n 4 tells its task 3 (the second on the second node)
     "SLURM_PROCID": "3",
@@ -88,3 +98,61 @@ def test_the_local_cluster_runs_tasks_and_job_arrays(slurm_cluster):
     assert slurm_cluster.run("srun", "-n", "2", "hostname").split() == [slurm_cluster.node] * 2
     job = slurm_cluster.run("sbatch", "--parsable", "--array=0-2", "-o", "/dev/null", "--wrap", "true").strip()
     assert slurm_cluster.wait(job) == ["COMPLETED"] * 3
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shapes")
+    make_shapes(root / "shapes", n_train=12, n_val=6, seed=3, size=96)
+    names = ["circle", "square", "triangle", "star", "cross", "hexagon"]
+    cfg = root / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump({"path": "shapes", "train": "images/train", "val": "images/val", "names": names}))
+    return cfg
+
+
+def saving_rank_weights(tmp_path):
+    """A script that runs train.py unchanged, then saves this rank's final model as rank{RANK}.pt."""
+    saver = tmp_path / "save_ranks.py"
+    saver.write_text(
+        textwrap.dedent(f"""
+        import json, os, runpy, sys, torch
+        sys.path.insert(0, {str(REPO)!r})
+        sys.argv = ["train.py"] + sys.argv[1:]
+        g = runpy.run_path("train.py", run_name="__main__")
+        from utils.ema import unwrap
+        out = {str(tmp_path)!r} + f"/rank{{os.environ['RANK']}}"
+        torch.save(unwrap(g["model"]).state_dict(), out + ".pt")
+        seen = {{k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "SLURM_JOB_ID")}}
+        with open(out + ".json", "w") as f:
+            json.dump({{**seen, "world_size": g["world_size"], "local_rank": g["local_rank"]}}, f)
+        """)
+    )
+    return saver
+
+
+def without_rendezvous(env):
+    """The cluster's environment without anything a user might have exported for torch.distributed."""
+    return {k: v for k, v in env.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+
+
+def test_srun_two_cpu_tasks_end_with_identical_weights(slurm_cluster, tiny_data, tmp_path):
+    cmd = ["srun", "-n", "2", "--kill-on-bad-exit=1", "--time=5", sys.executable, saving_rank_weights(tmp_path)]
+    args = ["--data", tiny_data, "--epochs", "1", "--subset", "8", "--out", tmp_path / "run", *TINY]
+    result = subprocess.run(
+        list(map(str, cmd + args)),
+        cwd=REPO,
+        env=without_rendezvous(slurm_cluster.env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (tmp_path / "run/weights/last.pt").exists()
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    port = str(10000 + int(seen[0]["SLURM_JOB_ID"]) % 20000)
+    expected = {"MASTER_ADDR": slurm_cluster.node, "MASTER_PORT": port, "LOCAL_WORLD_SIZE": "2", "world_size": 2}
+    assert [{k: s[k] for k in expected} for s in seen] == [expected] * 2  # one run of two ranks, not two runs
+    assert sorted(s["local_rank"] for s in seen) == [0, 1]
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    params = [k for k in rank0 if "running" not in k and "num_batches" not in k]  # BN stats stay per rank (M2)
+    assert [k for k in params if not torch.equal(rank0[k], rank1[k])] == []
