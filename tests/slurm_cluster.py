@@ -188,5 +188,31 @@ def slurm_cluster(tmp_path_factory):
         yield cluster
     finally:
         if processes:
-            subprocess.run(["scancel", "--full", "--partition=debug"], env=env, capture_output=True, timeout=30)
+            cancel_jobs(cluster)
         stop(processes[::-1])  # slurmd, slurmctld, then munged, which the other two talk to
+        stop_leftovers(conf)
+
+
+def cancel_jobs(cluster):
+    """Cancels every job of the cluster and waits (bounded) for them to end, while slurmd can still clean up."""
+    subprocess.run(["scancel", "--full", "--partition=debug"], env=cluster.env, capture_output=True, timeout=30)
+    deadline = time.time() + STOP_TIMEOUT
+    while time.time() < deadline:
+        result = subprocess.run(["squeue", "-h"], env=cluster.env, capture_output=True, text=True, timeout=30)
+        if result.returncode != 0 or not result.stdout.strip():
+            return
+        time.sleep(0.5)
+
+
+def stop_leftovers(conf):
+    """SIGKILL for what outlived the daemons: slurmstepd and job tasks leave slurmd's session, but all of them,
+    and nothing else on the machine, carry SLURM_CONF=<this cluster's slurm.conf> in their environment."""
+    mark = f"SLURM_CONF={conf}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if mark in (proc / "environ").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass  # gone meanwhile, or not ours to read

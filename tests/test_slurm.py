@@ -3,10 +3,12 @@ on a single-node cluster started on localhost for these tests (tests/slurm_clust
 
 import json
 import os
+import shlex
 import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -156,3 +158,59 @@ def test_srun_two_cpu_tasks_end_with_identical_weights(slurm_cluster, tiny_data,
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     params = [k for k in rank0 if "running" not in k and "num_batches" not in k]  # BN stats stay per rank (M2)
     assert [k for k in params if not torch.equal(rank0[k], rank1[k])] == []
+
+
+def test_a_preempted_job_saves_and_a_second_submission_resumes_it_exactly(slurm_cluster, tiny_data, tmp_path):
+    """`scancel --signal=TERM JOB` sends SIGTERM to every task of the job's steps, as `#SBATCH --signal=TERM@120`
+    does before the time limit. Not --full: srun itself, given SIGTERM, kills its tasks at once ("srun: forcing
+    job termination") and last.pt of the step under way is lost."""
+    cluster = slurm_cluster._replace(env=without_rendezvous(slurm_cluster.env))
+    train = ["--data", tiny_data, "--epochs", "3", "--save-every", "1", "--deterministic", "--val-every", "3", *TINY]
+
+    def submit(name, *args):
+        return cluster.run(
+            *("sbatch", "--parsable", "-n", "2", "--time=10", "-J", name, "-o", tmp_path / f"{name}.out"),
+            *("--chdir", REPO, "--wrap", "srun --kill-on-bad-exit=1 " + shlex.join(map(str, args))),
+        ).strip()
+
+    def log(name):
+        path = tmp_path / f"{name}.out"
+        return path.read_text()[-3000:] if path.exists() else ""
+
+    # two jobs on one node at once: each listens on a port of its own
+    straight = submit("straight", sys.executable, "train.py", *train, "--out", tmp_path / "straight")
+    out = tmp_path / "preempted"
+    job = submit("preempted", sys.executable, "train.py", *train, "--out", out)
+    last, seen, deadline = out / "weights" / "last.pt", set(), time.time() + 240
+    while len(seen) < 2 and time.time() < deadline:  # the second save: it trains, its handlers are in place
+        if last.exists():
+            seen.add(last.stat().st_mtime_ns)
+        time.sleep(0.02)
+    cluster.run("scancel", "--signal=TERM", job)
+    assert cluster.wait(job) == ["COMPLETED"], log("preempted")  # exit 0: stopped on purpose, not failed
+    assert "resume with --resume" in log("preempted")
+    state = load(last)
+    assert (state["epoch"], state["iteration"]) < (3, 0), "the job finished before it was pre-empted"
+
+    resumed = submit("resumed", sys.executable, "train.py", "--resume", last)
+    assert cluster.wait(resumed) == ["COMPLETED"], log("resumed")
+    assert cluster.wait(straight) == ["COMPLETED"], log("straight")
+    straight, resumed = load(tmp_path / "straight/weights/last.pt"), load(last)
+    for key in ("model", "ema", "optimizer"):
+        assert tensors_equal(straight[key], resumed[key]), key
+    assert straight["ema_updates"] == resumed["ema_updates"]
+
+
+def load(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def tensors_equal(a, b):
+    """Every tensor of two (nested) checkpoint dicts is bitwise identical, and every other value equal."""
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(tensors_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(tensors_equal(x, y) for x, y in zip(a, b))
+    return a == b
