@@ -1,4 +1,5 @@
 import pytest
+from slurm_cluster import slurm_cluster  # noqa: F401  a fixture: the local SLURM cluster of test_slurm.py
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ import datetime
 import functools
 import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -23,12 +24,12 @@ def setup_distributed(device_arg):
     flags_group: a gloo group for the small yes/no votes of `any_rank`, so that they are exchanged
     between the hosts' CPUs and never wait for the GPU's queue of work (None for one process)."""
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_NTASKS", 1)) > 1:
-        # srun starts one task per GPU and tells each its ranks through SLURM_* variables;
-        # MASTER_ADDR / MASTER_PORT must be exported by the batch script (see README).
+        # srun starts one task per GPU and tells each its ranks through SLURM_* variables
         os.environ["RANK"] = os.environ["SLURM_PROCID"]
         os.environ["LOCAL_RANK"] = os.environ["SLURM_LOCALID"]
         os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
-        os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
+        os.environ.setdefault("LOCAL_WORLD_SIZE", str(slurm_tasks_on_this_node(os.environ)))
+        os.environ.update(slurm_rendezvous(os.environ))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     gpus = parse_gpus(device_arg)
@@ -57,6 +58,54 @@ def setup_distributed(device_arg):
     dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if backend == "nccl" else None)
     flags_group = dist.new_group(backend="gloo", timeout=TIMEOUT) if backend == "nccl" else dist.group.WORLD
     return device, rank, local_rank, world_size, flags_group
+
+
+def slurm_rendezvous(env, run=subprocess.run):
+    """MASTER_ADDR / MASTER_PORT for the tasks of one srun, so that `srun python train.py` needs nothing exported
+    by hand; the values the user set are kept (MMEngine's and Lightning's SLURM launchers do the same).
+
+    The address is the first host of the step's nodes: task 0, the rank that listens, runs there. The port comes
+    from the job id, so that two jobs sharing a node do not both listen on one port."""
+    found = {}
+    if "MASTER_ADDR" not in env:
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
+        found["MASTER_ADDR"] = first_host(nodelist, env.get("SLURM_LAUNCH_NODE_IPADDR"), run)
+    if "MASTER_PORT" not in env:
+        found["MASTER_PORT"] = str(10000 + int(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or 0) % 20000)
+    return found
+
+
+def first_host(nodelist, launch_addr, run=subprocess.run):
+    """The first host of a SLURM node list such as 'gpu[01-04],cpu7'. Only scontrol knows every form of that
+    syntax; without it a list of one plain name is taken as it is, else the address srun was started from
+    (the batch script's node, the job's first node)."""
+    try:
+        result = run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+        hosts = result.stdout.split() if result.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired):
+        hosts = []
+    if hosts:
+        return hosts[0]
+    if nodelist and not any(c in nodelist for c in "[],"):
+        return nodelist
+    if launch_addr:
+        return launch_addr
+    raise SystemExit(
+        f"SLURM node list {nodelist!r}: cannot find the first host (no scontrol); export MASTER_ADDR and MASTER_PORT"
+    )
+
+
+def slurm_tasks_on_this_node(env):
+    """The tasks of this srun step on this node, from SLURM's compact form: '2(x3),1' is 2 tasks on each of the
+    first 3 nodes and 1 on the fourth; SLURM_NODEID is this node's place in the list."""
+    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE")
+    if not spec:
+        return 1
+    counts = []
+    for part in spec.split(","):
+        count, _, repeat = part.partition("(x")
+        counts += [int(count)] * int(repeat.rstrip(")") or 1)
+    return counts[min(int(env.get("SLURM_NODEID", 0)), len(counts) - 1)]
 
 
 class NodeShare(NamedTuple):
