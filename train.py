@@ -69,8 +69,7 @@ HYP = dict(
     momentum=0.937,  # SGD momentum / AdamW beta1
     weight_decay=5e-4,  # scaled by (batch * accumulate / nominal_batch)
     warmup_epochs=3.0,  # at least 100 iterations
-    warmup_momentum=0.8,
-    warmup_bias_lr=0.1,  # biases start high and come down, with adamw too (bench/RESULTS.md: recipe ablation)
+    warmup_momentum=0.8, warmup_bias_lr=0.1,  # biases start high and come down, with adamw too (RESULTS: ablation)
     nominal_batch=64,  # gradients are accumulated until a step has seen this many images
     accumulate_warmup=1,  # accumulation ramps from 1 micro-batch to the full count over the warmup (0: off)
     clip_grad=10.0,  # max gradient norm
@@ -144,8 +143,8 @@ except ValueError as e:  # CheckpointError too
 
 device, rank, local_rank, world_size, flags_group = setup_distributed(args.device)
 is_main = rank == 0
-if resume_ckpt:  # on another number of GPUs: the same images per GPU and per optimizer step
-    args.batch, args.accumulate = resumed_batch(args, resume_ckpt, world_size, "batch" in given_flags)
+# resumed on another number of GPUs: the same images per GPU and per optimizer step
+args.batch, args.accumulate = resumed_batch(args, resume_ckpt, world_size, "batch" in given_flags)
 node = node_share(local_rank, world_size)  # this machine's processes: they share its cores and the RAM cache
 if args.workers is None:  # every core feeds the GPUs: the processes of this node share them
     args.workers = default_workers(node.local_world_size, most=8)
@@ -226,8 +225,8 @@ scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torc
 loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl, tiny_box=args.tiny_box)
 
 # -----------------------------------------------------------------------------------------------
-# Loop state: everything the loop carries from one step to the next. last.pt saves exactly this
-# (training_state, below); a resumed run takes it back here.
+# Loop state: what the loop carries from one step to the next. last.pt saves it (training_state, below) and a
+# resumed run takes it back here, but for the skip counters, which start again at 0.
 start_epoch, start_iteration = 0, 0  # where the loop starts: a resumed run skips what it trained
 best_fitness, best_epoch = -1.0, 0  # best.pt and --patience
 in_a_row = {"oom": 0, "nonfinite": 0}  # optimizer steps skipped in a row, by cause: too many stop the run
@@ -291,9 +290,9 @@ warmup_iterations = max(round(args.warmup_epochs * nb), 100) if args.warmup_epoc
 # Look before training: shifted, swapped or mislabelled boxes show in labels.jpg (drawn in a thread).
 if is_main and not resume_ckpt:
     in_background(plot_labels, train_records, names, run_dir / "labels.jpg")
-size = f"{count_parameters(unwrap(model)) / 1e6:.2f} M parameters, {count_gflops(unwrap(model), 640):.1f} GFLOPs at 640"
+network = f"{count_parameters(unwrap(model)) / 1e6:.2f} M parameters, {count_gflops(unwrap(model), 640):.1f} GFLOPs@640"
 ramp = " (from 1 over the warmup)" * bool(args.accumulate_warmup)
-summary = [f"model {scale}: {size}", f"{len(train_records)} train / {len(val_records)} val images, {nc} classes"]
+summary = [f"model {scale}: {network}", f"{len(train_records)} train / {len(val_records)} val images, {nc} classes"]
 summary += [f"{args.epochs} epochs at {args.imgsz} px, batch {args.batch} x accumulate {accumulate}{ramp}"]
 summary += [f"{args.optimizer} lr0 {args.lr0}", f"{device}" + f" x {world_size} processes" * (world_size > 1)]
 summary += [f"amp {str(amp_dtype).split('.')[-1]}"] * use_amp + [f"{args.workers} loader workers"]
@@ -365,8 +364,9 @@ def skip_step(cause, epoch, i, size):
     log.warning(f"{what} at epoch {epoch + 1} iteration {i}: optimizer step skipped ({n} in a row{note})")
     # fp16: the loss scale starts at 2^16 and halves on each overflow; up to 16 such steps are its search, not a fault
     if n >= (MAX_OOM_STEPS if cause == "oom" else MAX_NONFINITE_STEPS + 16 * fp16):
-        nan = f"stopping: {n} optimizer steps in a row with NaN/Inf gradients"
-        why = too_large_batch(n, args.batch, world_size, size, args.checkpoint_activations) if cause == "oom" else nan
+        why = f"stopping: {n} optimizer steps in a row with NaN/Inf gradients"
+        if cause == "oom":
+            why = too_large_batch(n, args.batch, world_size, size, args.checkpoint_activations)
         abort_run(run_dir, why, crash_context, is_main)
 
 
@@ -389,12 +389,6 @@ for epoch in range(start_epoch, args.epochs):
     )
     for i in progress:
         iteration = epoch * nb + i
-        if profiler:
-            profiler.step()
-        if benchmark and benchmark.finished(iteration):
-            progress.close()
-            print(benchmark.report())
-            sys.exit(0)
         images, targets = next(batches)
         crash_context.update(epoch=epoch, iteration=i, batch={"images": images, "targets": targets})
 
@@ -418,6 +412,12 @@ for epoch in range(start_epoch, args.epochs):
         result = None
         if window_dropped and device.type == "cuda":
             torch.cuda.empty_cache()
+        if profiler:  # per micro-step, so that a trace is written even when an epoch has few optimizer steps
+            profiler.step()
+        if benchmark and benchmark.finished(iteration):  # N iterations timed after 3 warm-up ones
+            progress.close()
+            print(benchmark.report())
+            sys.exit(0)
         if not last_micro_step:
             continue
 
@@ -458,6 +458,7 @@ for epoch in range(start_epoch, args.epochs):
     # End of epoch: rank 0 validates the EMA model and saves; the others wait.
     final_epoch = epoch == args.epochs - 1
     if is_main:
+        faults["assign_on_cpu"] = loss_fn.assignments_on_cpu - assignments_on_cpu_before  # before the validation's
         metrics = dict.fromkeys(METRICS, float("nan"))
         if (epoch + 1) % args.val_every == 0 or final_epoch:
             # only picks best.pt and fills results.csv: fp16 on CUDA, fast_map; the final one below is pycocotools'
@@ -470,7 +471,6 @@ for epoch in range(start_epoch, args.epochs):
                 }  # fmt: skip
                 save_checkpoint(best, best_pt)  # deployable: EMA weights, no optimizer
         losses = (sums / max(batches_done, 1)).tolist()
-        faults["assign_on_cpu"] = loss_fn.assignments_on_cpu - assignments_on_cpu_before
         row = [epoch + 1, *losses, *(metrics[k] for k in METRICS), lr, time.time() - epoch_start, *faults.values()]
         monitor.append_results_row(results_csv, row)
         plot_results(results_csv, run_dir / "results.png")

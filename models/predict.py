@@ -8,7 +8,7 @@
         print(name, round(float(score), 2), box.round(1))  # x1 y1 x2 y2 in the image's own pixels
 
 Why a module here: loading a .pt builds the network (models.yolo), and utils/ never imports models/, so
-these cannot live in utils/inference.py; and detect.py is a script of 400 lines about sources, videos and
+these cannot live in utils/inference.py; and detect.py is a long script about sources, videos and
 streams that nothing should have to import. detect.py itself runs every image and frame through `load`,
 `inference_size` and `detect_image` below: the preprocessing, NMS and scaling back exist once.
 """

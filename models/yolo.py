@@ -249,7 +249,8 @@ class Detect(nn.Module):
 def frozen_bn_statistics(module):
     """Inside: the BatchNorm layers of `module` normalise as in training (with the batch's statistics) but update
     copies of their running statistics and batch count, which are dropped on the way out."""
-    layers = [m for m in module.modules() if isinstance(m, nn.BatchNorm2d) and m.track_running_stats]
+    # _BatchNorm: SyncBatchNorm too (--sync-bn), which is no BatchNorm2d
+    layers = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
     kept = [(m.running_mean, m.running_var, m.num_batches_tracked) for m in layers]
     # Copies, not track_running_stats=False or momentum 0: the recompute must call batch_norm exactly as the first
     # forward did (checkpoint checks that it saves the same tensors), and momentum 0 would still count the batch.

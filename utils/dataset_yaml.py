@@ -1,6 +1,6 @@
 """The dataset yaml: the format YOLOv5 and Ultralytics users already have, read into the splits' sources,
-the class names and the settings it recommends. Light on purpose (no cv2, no torch): utils/general.py
-imports it, and sweep.py imports that.
+the class names and the settings it recommends. Light on purpose (no cv2, no torch): utils/settings.py
+imports it, and starts without torch.
 """
 
 import logging

@@ -2,6 +2,7 @@
 and compute COCO mAP with pycocotools (the official implementation, not a re-implementation)."""
 
 import contextlib
+import functools
 import io
 import time
 
@@ -38,7 +39,9 @@ def predict_dataset(model, loader, device, conf=0.001, iou=0.7, max_det=300, hal
             if loss_fn is not None:  # summed on the device, read once at the end
                 loss_sum += loss_fn(maps, targets)[1]
                 batches += 1
-            nms = lambda: non_max_suppression(predictions.float(), conf, iou, max_det=max_det, multi_label=True)  # noqa: E731
+            nms = functools.partial(
+                non_max_suppression, predictions.float(), conf, iou, max_det=max_det, multi_label=True
+            )
             detections = timed(device, seconds, 2, nms)
             images += len(batch)
             for det, meta in zip(detections, metas):

@@ -2,7 +2,7 @@
 are taken in train.py's loop, where they can be read in order; each fault that can be handled where it happens is
 handled there (the label assignment's out-of-memory in utils/loss.py, an unreadable image in utils/data.py).
 
-- request_stop:          SIGTERM (cluster pre-emption) and Ctrl+C become "save last.pt after this step, exit 0"
+- StopRequest:           SIGTERM (cluster pre-emption) and Ctrl+C become "save last.pt after this step, exit 0"
 - realign_ddp:           after a dropped accumulation window, every DDP rank back in the same state
 - too_large_batch:       the sentence a run stops with after repeated out-of-memory: what to try
 - abort_run:             stop every rank, rank 0 writes crash/ (reason, environment, args, the batch)

@@ -49,16 +49,16 @@ def start_profiler(trace_path):
 
 class Benchmark:
     """train.py --benchmark N: images/s over N iterations after 3 warm-up ones (cuDNN's search, the loader's
-    first batches). Call finished(iteration) at the start of each iteration; report() once it is True."""
+    first batches). Call finished(iteration) once per iteration, at the same point; report() once it is True."""
 
     def __init__(self, iterations, batch, imgsz, device):
         self.iterations, self.batch, self.imgsz, self.device = iterations, batch, imgsz, device
         self.start = None
 
     def finished(self, iteration):
-        if iteration == 3:
+        if iteration == 2:
             self.start = time.time()
-        return iteration == self.iterations + 3
+        return iteration == self.iterations + 2
 
     def report(self):
         seconds = time.time() - self.start

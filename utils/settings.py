@@ -1,6 +1,6 @@
 """The command line's settings as a run resolves them, before anything is built: which flags were given, a
 dataset yaml's defaults, a resumed run's arguments and batch, the data-loader worker count. torch is not imported
-here (sweep.py and the data modules use this without it)."""
+here (the data modules use this without it)."""
 
 import argparse
 import os
@@ -57,6 +57,10 @@ def resume_arguments(parser, args, given_flags):
 
     path, ckpt = load_resume_checkpoint(args.resume if isinstance(args.resume, str) else None)
     changeable = ["device", "workers"] + [k for k in ("amp", "amp_dtype", "batch", "epochs") if k in given_flags]
+    if "batch" in given_flags and args.batch < 1:  # --batch -1 measures before anything is resumed: too late here
+        raise ValueError(
+            f"--batch {args.batch}: give the total batch to continue with (it was {ckpt['args']['batch']})"
+        )
     if "epochs" in given_flags and args.epochs < ckpt["epoch"]:
         raise ValueError(
             f"--epochs {args.epochs} is fewer than the {ckpt['epoch']} epochs {path} has trained: "
@@ -73,6 +77,8 @@ def resumed_batch(args, ckpt, world_size, batch_given):
     the images it had (the saved total would put several GPUs' worth on each, and run out of memory), unless
     --batch was given; an explicit accumulation scales so that a step still sees as many images. The schedule
     then continues, though not bitwise as on the original GPUs."""
+    if ckpt is None:
+        return args.batch, args.accumulate
     saved = ckpt["args"]["batch"]
     batch = args.batch if batch_given else saved // ckpt.get("world_size", world_size) * world_size
     accumulate = max(1, round(args.accumulate * saved / batch)) if args.accumulate else 0
