@@ -3,6 +3,7 @@
 
     python sweep.py data/sweep_shapes.yaml             # run every experiment of the spec
     python sweep.py data/sweep_shapes.yaml --dry-run   # only print the commands
+    python sweep.py data/sweep_shapes.yaml --slurm     # one SLURM job per experiment
     python sweep.py table runs/sweep_shapes --sort mAP50-95
 
 The spec is a YAML file of several documents. The first says how to run one
@@ -47,6 +48,18 @@ grids with that _title, -r 0 1 uses other workers than the spec's. Ctrl+C (or
 SIGTERM) stops every command with all the processes it started and marks it
 interrupted. sweep.py exits 0 when every experiment succeeded, 1 when one
 failed, 2 for a mistake in the spec, 130 after Ctrl+C.
+
+With --slurm each experiment is one sbatch job instead, with the options of a
+`slurm:` mapping in the first document (a grid's `_slurm:` overrides some):
+
+    slurm: {partition: gpu, time: "4:00:00", gres: "gpu:1", cpus-per-task: 8}
+
+The job runs `sweep.py --run-experiment <folder>`: the same commands, files and
+stat as a local worker, with SLURM's CUDA_VISIBLE_DEVICES; the folder also gets
+slurm_job (the job id) and slurm-<id>.out. sweep.py polls squeue and prints
+progress until every job ended (--no-wait: submit and exit). A rerun skips
+successes, resubmits failures and leaves alone jobs still queued or running;
+Ctrl+C cancels the jobs this run submitted, and only those.
 
 `sweep.py table OUT` prints one row per experiment folder: the parameters that
 differ across them, then the last row of any results.csv and the numbers of any
@@ -467,7 +480,8 @@ def sweep(argv):
             builtins = {"_output": str(exp["dir"]), "_name": exp["name"], "_gpus": gpus}
             for command in exp["todo"]:
                 print(render(spec["template"][command], {**exp["params"], **builtins}))
-        print(f"{len(queue)} experiments to run, {skipped} already done, {len(workers)} workers")
+        where = "one SLURM job each" if args.slurm else f"{len(workers)} workers"
+        print(f"{len(queue)} experiments to run, {skipped} already done, {where}")
         return 0
 
     print(
@@ -521,6 +535,13 @@ def job_states(ids):
             states.update(one)
         return states
     return dict(line.split()[:2] for line in result.stdout.splitlines() if len(line.split()) >= 2)
+
+
+def final_state(job):
+    """How SLURM says an ended job ended, from sacct; None where accounting is disabled (sacct then fails)."""
+    result = slurm("sacct", "-n", "-X", "-P", "-o", "State", "-j", job)
+    lines = result.stdout.split() if result.returncode == 0 else []
+    return lines[0] if lines else None
 
 
 def sbatch_options(options):
@@ -627,7 +648,10 @@ def slurm_loop(queue, skipped, no_wait, caught):
                     new = outcome(exp)
                 if new != now:
                     state[job], changed = new, True
-                    note = f": see {exp['dir']}" if new == "failed" else ""
+                    note = ""
+                    if new == "failed":  # TIMEOUT, OUT_OF_MEMORY... say more than a stat left "running"
+                        final = final_state(job) or slurm_state
+                        note = f" ({final}): see {exp['dir']}" if final else f": see {exp['dir']}"
                     print(f"{new.upper():<7} job {job} {exp['dir']}{note}", flush=True)
             counts = {k: list(state.values()).count(k) for k in ("queued", "running", "done", "failed")}
             if changed or time.monotonic() - last_print > 60:
