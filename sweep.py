@@ -3,6 +3,7 @@
 
     python sweep.py data/sweep_shapes.yaml             # run every experiment of the spec
     python sweep.py data/sweep_shapes.yaml --dry-run   # only print the commands
+    python sweep.py data/sweep_shapes.yaml --slurm     # one SLURM job per experiment
     python sweep.py table runs/sweep_shapes --sort mAP50-95
 
 The spec is a YAML file of several documents. The first says how to run one
@@ -48,6 +49,18 @@ SIGTERM) stops every command with all the processes it started and marks it
 interrupted. sweep.py exits 0 when every experiment succeeded, 1 when one
 failed, 2 for a mistake in the spec, 130 after Ctrl+C.
 
+With --slurm each experiment is one sbatch job instead, with the options of a
+`slurm:` mapping in the first document (a grid's `_slurm:` overrides some):
+
+    slurm: {partition: gpu, time: "4:00:00", gres: "gpu:1", cpus-per-task: 8}
+
+The job runs `sweep.py --run-experiment <folder>`: the same commands, files and
+stat as a local worker, with SLURM's CUDA_VISIBLE_DEVICES; the folder also gets
+slurm_job (the job id) and slurm-<id>.out. sweep.py polls squeue and prints
+progress until every job ended (--no-wait: submit and exit). A rerun skips
+successes, resubmits failures and leaves alone jobs still queued or running;
+Ctrl+C cancels the jobs this run submitted, and only those.
+
 `sweep.py table OUT` prints one row per experiment folder: the parameters that
 differ across them, then the last row of any results.csv and the numbers of any
 metrics.json in the folder (tab-separated; --sort METRIC, --csv FILE).
@@ -63,6 +76,7 @@ import os
 import re
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from collections import deque
@@ -73,7 +87,7 @@ import yaml
 from utils.general import write_text_atomic
 
 BUILTINS = ("_output", "_name", "_gpus")
-SPEC_KEYS = ("template", "default", "resource", "alias", "output")
+SPEC_KEYS = ("template", "default", "resource", "alias", "output", "slurm")
 GRACE = 5.0  # seconds a stopped command gets between SIGTERM and SIGKILL
 TIME = "%Y-%m-%d %H:%M:%S"
 # {name} and [name]; the (?<!\$) leaves the shell's own ${VAR} alone.
@@ -121,12 +135,16 @@ def load_spec(path):
         if not isinstance(grid, dict):
             raise SpecError(f"grid document {i} must be a mapping of parameter: [values]")
         for key, values in grid.items():
-            if str(key).startswith("_") and key not in ("_title", "_cmd"):
-                raise SpecError(f"unknown key '{key}' in grid document {i} (only _title and _cmd start with _)")
+            if str(key).startswith("_") and key not in ("_title", "_cmd", "_slurm"):
+                raise SpecError(f"unknown key '{key}' in grid document {i} (only _title, _cmd and _slurm start with _)")
             if isinstance(values, list) and not values:
                 raise SpecError(f"parameter '{key}' in grid document {i} has an empty list of values")
         if "_cmd" in grid:
             grid["_cmd"] = check_commands(grid["_cmd"], template, f"_cmd of grid document {i}")
+        if not isinstance(grid.get("_slurm", {}), dict):
+            raise SpecError(f"_slurm of grid document {i} must be a mapping of sbatch options")
+    if not isinstance(spec.get("slurm") or {}, dict):
+        raise SpecError("'slurm' must be a mapping of sbatch options, e.g. {partition: gpu, time: '1:00:00'}")
     spec["alias"] = alias
     return spec, grids
 
@@ -199,7 +217,9 @@ def expand(spec, grids, only_commands):
                 )
             exp = by_params.get(canon)  # the same experiment from another grid runs once
             if exp is None:
-                exp = {"name": name, "params": params, "canon": canon, "commands": []}
+                # sbatch options: the spec's, then the grid's; the first grid naming the experiment wins
+                slurm = {**(spec.get("slurm") or {}), **grid.get("_slurm", {})}
+                exp = {"name": name, "params": params, "canon": canon, "commands": [], "slurm": slurm}
                 by_params[canon] = by_name[name] = exp
             exp["commands"] = [c for c in template if c in exp["commands"] or c in wanted]
     return list(by_params.values())
@@ -314,7 +334,7 @@ async def run_command(exp, command, gpus, env, stop):
     write_json(folder / "stat", stat)
     exp["log"] = log_path
     with open(log_path, "ab") as log:
-        log.write(f"$ CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} {line}\n".encode())
+        log.write(f"$ CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '')} {line}\n".encode())
         log.flush()
         # A session of its own keeps the terminal's Ctrl+C away from the command
         # and lets us stop it together with every process it started.
@@ -345,8 +365,10 @@ def report(word, gpus, command, exp, counts, note=""):
     )
 
 
-async def worker(gpus, queue, stop, counts):
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="" if gpus == "cpu" else gpus)
+async def worker(gpus, queue, stop, counts, keep_gpus=False):
+    env = dict(os.environ)
+    if not keep_gpus:  # a SLURM job keeps the CUDA_VISIBLE_DEVICES that SLURM gave it
+        env["CUDA_VISIBLE_DEVICES"] = "" if gpus == "cpu" else gpus
     env.setdefault("PYTHONUNBUFFERED", "1")  # logs are files: python would hold output back in 8 KB blocks
     while queue and not stop.is_set():
         exp = queue.popleft()  # one event loop thread: no lock needed
@@ -375,7 +397,7 @@ async def worker(gpus, queue, stop, counts):
             counts["done"] += 1
 
 
-async def run_all(queue, workers):
+async def run_all(queue, workers, keep_gpus=False):
     stop, caught = asyncio.Event(), []
     loop = asyncio.get_running_loop()
 
@@ -394,7 +416,7 @@ async def run_all(queue, workers):
 
     async def guarded(gpus):
         try:
-            await worker(gpus, queue, stop, counts)
+            await worker(gpus, queue, stop, counts, keep_gpus)
         except BaseException:  # e.g. a full disk: stop the other workers' commands too
             stop.set()
             raise
@@ -421,10 +443,15 @@ def sweep(argv):
     parser.add_argument("-c", "--cmd", nargs="+", help="run only these template commands")
     parser.add_argument("--force", action="store_true", help="run again what already succeeded")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--slurm", action="store_true", help="one sbatch job per experiment instead of workers")
+    parser.add_argument("--no-wait", action="store_true", help="with --slurm: submit, then exit")
     args = parser.parse_args(argv)
+    if args.no_wait and not args.slurm:
+        raise SpecError("--no-wait goes with --slurm")
 
     spec, grids = load_spec(args.spec)
-    workers = parse_resources(args.resource or spec.get("resource"))
+    # on SLURM the jobs' resources come from the 'slurm' options, so no worker list is needed
+    workers = ["slurm"] if args.slurm else parse_resources(args.resource or spec.get("resource"))
     grids = select_titles(grids, args.title)
     only = args.cmd and check_commands(args.cmd, spec["template"], "-c")
     experiments = expand(spec, grids, only)
@@ -443,6 +470,9 @@ def sweep(argv):
             queue.append(exp)
     skipped = len(experiments) - len(queue)
 
+    if args.slurm and not args.dry_run:
+        return run_slurm(queue, skipped, args.no_wait)
+
     if args.dry_run:
         for exp in queue:
             gpus = workers[(exp["index"] - 1) % len(workers)]  # a guess: the real one is whoever is free
@@ -450,7 +480,8 @@ def sweep(argv):
             builtins = {"_output": str(exp["dir"]), "_name": exp["name"], "_gpus": gpus}
             for command in exp["todo"]:
                 print(render(spec["template"][command], {**exp["params"], **builtins}))
-        print(f"{len(queue)} experiments to run, {skipped} already done, {len(workers)} workers")
+        where = "one SLURM job each" if args.slurm else f"{len(workers)} workers"
+        print(f"{len(queue)} experiments to run, {skipped} already done, {where}")
         return 0
 
     print(
@@ -466,6 +497,196 @@ def sweep(argv):
     )
     for line in counts["failures"]:
         print(f"FAIL  {line}")
+    if caught:
+        return 128 + caught
+    return 1 if counts["failed"] else 0
+
+
+# ---------------------------------------------------------------- SLURM
+
+SLURM_JOB = "slurm_job"  # in the experiment folder: the job id and what the job is to run
+POLL = float(os.environ.get("SWEEP_POLL", 2))  # seconds between squeue calls while waiting
+ALIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "RESIZING"}
+ALIVE |= {"SIGNALING", "STAGE_OUT", "REQUEUE_FED"}
+
+
+def slurm(*cmd):
+    """A SLURM client command; a missing one is a SpecError (exit 2) rather than a traceback."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except FileNotFoundError:
+        raise SpecError(f"{cmd[0]} not found: --slurm needs the SLURM client commands on PATH")
+
+
+def job_states(ids):
+    """{job id: SLURM state} for the ids that squeue still knows; None when squeue itself failed."""
+    if not ids:
+        return {}
+    result = slurm("squeue", "-h", "-o", "%i %T", "-j", ",".join(ids))
+    if result.returncode != 0:
+        # squeue refuses the whole list when one id is unknown to it (forgotten after MinJobAge): ask one by one
+        if len(ids) == 1:
+            return {} if "Invalid job id" in result.stderr else None
+        states = {}
+        for job in ids:
+            one = job_states([job])
+            if one is None:
+                return None
+            states.update(one)
+        return states
+    return dict(line.split()[:2] for line in result.stdout.splitlines() if len(line.split()) >= 2)
+
+
+def final_state(job):
+    """How SLURM says an ended job ended, from sacct; None where accounting is disabled (sacct then fails)."""
+    result = slurm("sacct", "-n", "-X", "-P", "-o", "State", "-j", job)
+    lines = result.stdout.split() if result.returncode == 0 else []
+    return lines[0] if lines else None
+
+
+def sbatch_options(options):
+    """{partition: gpu, gres: "gpu:1", exclusive: true} -> ["--partition=gpu", "--gres=gpu:1", "--exclusive"]"""
+    args = []
+    for key, value in options.items():
+        if value is None or value is False:
+            continue
+        args.append(f"--{key}" if value is True else f"--{key}={value}")
+    return args
+
+
+def submit(exp):
+    """One sbatch job that runs `sweep.py --run-experiment <folder>`; its id, also written to the folder."""
+    folder = exp["dir"]
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / "param", exp["params"])
+    # the job reads what to run from the folder, so a spec edited meanwhile cannot change a queued job
+    record = {"job": None, "commands": exp["todo"], "template": {c: exp["template"][c] for c in exp["todo"]}}
+    write_json(folder / SLURM_JOB, record)
+    run_line = shlex.join([sys.executable, str(Path(__file__).resolve()), "--run-experiment", str(folder)])
+    result = slurm(
+        "sbatch",
+        "--parsable",
+        f"--job-name={exp['name'][:100]}",
+        f"--output={folder / 'slurm-%j.out'}",
+        f"--chdir={os.getcwd()}",  # folders and commands are relative to here, as in a local run
+        *sbatch_options(exp["slurm"]),
+        f"--wrap=exec {run_line}",
+    )
+    if result.returncode != 0:
+        raise SpecError(f"sbatch refused {folder}: {' '.join(result.stderr.split())}")
+    job = result.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
+    write_json(folder / SLURM_JOB, {**record, "job": job, "submitted": time.strftime(TIME)})
+    return job
+
+
+def outcome(exp):
+    """done or failed, from the stat file that the ended job left: the commands it ran must all have succeeded."""
+    stat = read_json(exp["dir"] / "stat", {})
+    return "done" if all(stat.get(c, {}).get("status") == "success" for c in exp["todo"]) else "failed"
+
+
+def run_slurm(queue, skipped, no_wait):
+    caught = []
+
+    def on_signal(signum, frame):
+        caught.append(signum)
+
+    # a flag, not an exception: a Ctrl+C inside sbatch must not lose the id of a job it submitted
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return slurm_loop(queue, skipped, no_wait, caught)
+    finally:
+        for signum, handler in old.items():
+            signal.signal(signum, handler)
+
+
+def slurm_loop(queue, skipped, no_wait, caught):
+    previous = {}
+    for exp in queue:
+        exp["job"] = (read_json(exp["dir"] / SLURM_JOB, {}) or {}).get("job")
+        if exp["job"]:
+            previous[str(exp["job"])] = exp
+    states = job_states(list(previous)) if previous else {}
+    if states is None:
+        raise SpecError("squeue failed: cannot tell which experiments are still queued or running")
+    ours, tracked = [], []
+    for exp in queue:
+        if caught:
+            break
+        if str(exp["job"]) in previous and states.get(str(exp["job"])) in ALIVE:
+            # submitted by an earlier run and not over yet: wait for it rather than run it twice
+            print(
+                f"QUEUED job {exp['job']} {exp['dir']} (still {states[str(exp['job'])]}, not resubmitted)", flush=True
+            )
+        else:
+            exp["job"] = submit(exp)
+            ours.append(exp["job"])
+            print(f"SUBMIT job {exp['job']} {exp['dir']}: {' '.join(exp['todo'])}", flush=True)
+        tracked.append(exp)
+    print(
+        f"{len(ours)} experiments submitted, {len(tracked) - len(ours)} still queued from before, "
+        f"{skipped} already done",
+        flush=True,
+    )
+    if no_wait and not caught:
+        return 0
+
+    state = {exp["job"]: "queued" for exp in tracked}
+    last_print = 0.0
+    while not caught:
+        alive = job_states(list(state))
+        if alive is not None:  # squeue failing now and then (a busy controller) only delays the news
+            changed = False
+            for exp in tracked:
+                job, now = exp["job"], state[exp["job"]]
+                if now in ("done", "failed"):
+                    continue
+                slurm_state = alive.get(job)
+                if slurm_state in ALIVE:
+                    new = "queued" if slurm_state == "PENDING" else "running"
+                else:  # over: accounting is often disabled, so the folder's stat file tells how it went
+                    new = outcome(exp)
+                if new != now:
+                    state[job], changed = new, True
+                    note = ""
+                    if new == "failed":  # TIMEOUT, OUT_OF_MEMORY... say more than a stat left "running"
+                        final = final_state(job) or slurm_state
+                        note = f" ({final}): see {exp['dir']}" if final else f": see {exp['dir']}"
+                    print(f"{new.upper():<7} job {job} {exp['dir']}{note}", flush=True)
+            counts = {k: list(state.values()).count(k) for k in ("queued", "running", "done", "failed")}
+            if changed or time.monotonic() - last_print > 60:
+                print("[" + ", ".join(f"{k} {v}" for k, v in counts.items()) + "]", flush=True)
+                last_print = time.monotonic()
+            if counts["queued"] + counts["running"] == 0:
+                break
+        deadline = time.monotonic() + POLL
+        while time.monotonic() < deadline and not caught:
+            time.sleep(0.1)
+
+    if caught:
+        # only what this run submitted: jobs of an earlier run were not ours to start, nor to stop
+        live = [job for job in ours if state.get(job) in ("queued", "running")]
+        print(f"\n{signal.Signals(caught[0]).name}: cancelling jobs {' '.join(live) or '(none)'}", file=sys.stderr)
+        if live:
+            slurm("scancel", *live)
+        return 128 + caught[0]
+    failed = [exp for exp in tracked if state[exp["job"]] == "failed"]
+    print(f"sweep: {len(tracked) - len(failed)} done, {len(failed)} failed, {skipped} already done", flush=True)
+    for exp in failed:
+        print(f"FAIL  {exp['dir']}: job {exp['job']}, see its stat and logs")
+    return 1 if failed else 0
+
+
+def run_experiment(argv):
+    """The body of a SLURM job: the commands that slurm_job lists, run like a local worker runs them."""
+    folder = Path(argv[0])
+    record, params = read_json(folder / SLURM_JOB), read_json(folder / "param")
+    if not isinstance(record, dict) or not isinstance(params, dict):
+        raise SpecError(f"{folder} has no {SLURM_JOB} and param files written by sweep.py --slurm")
+    exp = {"name": folder.name, "dir": folder, "params": params, "template": record["template"], "index": 1}
+    exp["todo"] = record["commands"]
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES") or "cpu"  # for {_gpus}; SLURM's own numbering is kept
+    counts, caught = asyncio.run(run_all(deque([exp]), [gpus], keep_gpus=True))
     if caught:
         return 128 + caught
     return 1 if counts["failed"] else 0
@@ -567,6 +788,8 @@ def table(argv):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
+        if argv[:1] == ["--run-experiment"]:  # hidden: what each SLURM job runs
+            return run_experiment(argv[1:])
         return table(argv[1:]) if argv[:1] == ["table"] else sweep(argv)
     except SpecError as e:
         print(f"sweep.py: {e}", file=sys.stderr)
