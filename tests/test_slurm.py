@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from test_train import load, tensors_equal
 
 from utils import distributed
 from utils.shapes import make_shapes
@@ -199,18 +200,3 @@ def test_a_preempted_job_saves_and_a_second_submission_resumes_it_exactly(slurm_
     for key in ("model", "ema", "optimizer"):
         assert tensors_equal(straight[key], resumed[key]), key
     assert straight["ema_updates"] == resumed["ema_updates"]
-
-
-def load(path):
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def tensors_equal(a, b):
-    """Every tensor of two (nested) checkpoint dicts is bitwise identical, and every other value equal."""
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(tensors_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(tensors_equal(x, y) for x, y in zip(a, b))
-    return a == b
