@@ -38,8 +38,11 @@ SLURM_TASK = {  # what srun -N 2 -n 4 tells its task 3 (the second on the second
 @pytest.fixture
 def slurm_task(monkeypatch, tmp_path):
     """SLURM's variables for one task and a fake `scontrol` first on PATH; process-group creation recorded."""
+    # setup_distributed writes these into os.environ: set then deleted here, monkeypatch restores them afterwards
+    # (a key it only deleted while absent is not restored, and the ranks would leak into the next tests' runs)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(key, raising=False)
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     for key in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(key)
     for key, value in SLURM_TASK.items():
