@@ -44,7 +44,7 @@ from tqdm import tqdm
 
 from models.predict import detect_image, inference_size, load, nms_note
 from utils.boxes import xyxy_to_xywh
-from utils.checkpoint import CheckpointError, find_best_checkpoint
+from utils.checkpoint import CheckpointError, weights_or_newest
 from utils.coco import detections_to_coco
 from utils.distributed import select_device
 from utils.general import next_run_dir
@@ -329,9 +329,10 @@ def run_files(model, paths, imgsz, out, args, coco, seconds, skipped, stop):
 
 def main(argv=None):
     args = parse_args(argv)
-    weights = args.weights or find_best_checkpoint()
-    if not weights:
-        sys.exit("error: no --weights given and no runs/train/*/weights/best.pt found")
+    try:
+        weights = weights_or_newest(args.weights)
+    except CheckpointError as e:
+        sys.exit(f"error: {e}")
     device = select_device(args.device)
     try:
         model = load(weights, device)

@@ -43,7 +43,7 @@ import torchvision
 
 from models.yolo import load_model
 from utils.boxes import non_max_suppression
-from utils.checkpoint import CheckpointError, find_best_checkpoint
+from utils.checkpoint import CheckpointError, weights_or_newest
 from utils.dataset_yaml import load_dataset_yaml
 from utils.distributed import select_device
 from utils.images import read_image
@@ -252,9 +252,10 @@ def check(path, model, module, x, args, tolerance, torch_ms):
 
 def main(argv=None):
     args = parse_args(argv)
-    weights = args.weights or find_best_checkpoint()
-    if not weights:
-        sys.exit("error: no --weights given and no runs/train/*/weights/best.pt found")
+    try:
+        weights = weights_or_newest(args.weights)
+    except CheckpointError as e:
+        sys.exit(f"error: {e}")
     if not (args.onnx or args.torchscript):
         args.onnx = True
     device = select_device(args.device)

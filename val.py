@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from models.yolo import model_from_checkpoint
-from utils.checkpoint import CheckpointError, find_best_checkpoint, load_checkpoint
+from utils.checkpoint import CheckpointError, load_checkpoint, weights_or_newest
 from utils.data import ValDataset, fix_cv2_and_file_limits, make_loader
 from utils.dataset_yaml import DatasetError, load_dataset_yaml
 from utils.distributed import select_device
@@ -48,9 +48,10 @@ parser.add_argument("--out", default="", help="output folder (default runs/val/e
 args = parser.parse_args()
 
 fix_cv2_and_file_limits()
-weights = args.weights or find_best_checkpoint()
-if not weights:
-    sys.exit("no --weights given and no runs/train/*/weights/best.pt found")
+try:
+    weights = weights_or_newest(args.weights)
+except CheckpointError as e:
+    sys.exit(f"error: {e}")
 try:
     checkpoint = load_checkpoint(weights)
     model = model_from_checkpoint(checkpoint, weights)

@@ -1,6 +1,5 @@
 """--batch -1: the largest batch that fits in a share of the GPU's free memory, measured, not guessed."""
 
-import copy
 import logging
 
 import numpy as np
@@ -53,9 +52,9 @@ def fit_batch_size(memory_at, free_bytes, share=SHARE, probes=(1, 2, 4, 8, 16)):
 
 
 def auto_batch_size(model, imgsz, device, amp_dtype=None, share=SHARE):
-    """Measure a training step's peak memory on a copy of the model (BN statistics of the real one stay
-    untouched) at batch 1..16 and fit the batch that uses `share` of the memory free now."""
-    probe = copy.deepcopy(model).train()
+    """Measure a training step's peak memory at batch 1..16 and fit the batch that uses `share` of the memory
+    free now. `model` is a probe of the run's size (train.py builds one for this): its BN statistics change."""
+    probe = model.train()
     free, _ = torch.cuda.mem_get_info(device)
 
     def memory_at(b):

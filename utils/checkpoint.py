@@ -78,6 +78,14 @@ def load_resume_checkpoint(path=None):
     return str(path), checkpoint
 
 
+def weights_or_newest(weights):
+    """--weights, or when none is given the newest runs/train/*/weights/best.pt (detect.py, val.py, export.py)."""
+    weights = weights or find_best_checkpoint()
+    if not weights:
+        raise CheckpointError("no --weights given and no runs/train/*/weights/best.pt found")
+    return weights
+
+
 def find_best_checkpoint(root="runs/train"):
     files = glob.glob(f"{root}/*/weights/best.pt")
     return max(files, key=os.path.getmtime) if files else None
