@@ -54,7 +54,7 @@ from utils.faults import StopRequest, abort_run, install_crash_handler, realign_
 from utils.general import seed_everything, setup_logging
 from utils.images import cache_images
 from utils.labels import load_verified, select_records
-from utils.loss import DetectionLoss
+from utils.loss import DetectionLoss, resolve_class_weights
 from utils.optim import accumulation_windows, build_optimizer, load_optimizer_state, optimizer_step, set_learning_rate
 from utils.plots import in_background, plot_batch, plot_evaluation, plot_labels, plot_results
 from utils.settings import apply_dataset_defaults, default_workers, explicit_flags, resume_arguments, resumed_batch
@@ -74,6 +74,7 @@ HYP = dict(
     accumulate_warmup=1,  # accumulation ramps from 1 micro-batch to the full count over the warmup (0: off)
     clip_grad=10.0,  # max gradient norm
     box=7.5, cls=0.5, dfl=1.5,  # loss gains
+    cls_weights="",  # per-class weights of the class term: auto (inverse frequency in the train labels) | w1,w2,...
     tiny_box=8.5,  # assigner: box sides under 8.5 px count as this long when picking anchors (one stride-8 centre)
     hsv_h=0.015, hsv_s=0.7, hsv_v=0.4,  # augmentation: HSV jitter fractions
     degrees=0.0, translate=0.1, scale=0.5, shear=0.0,  # affine: rotation deg, shift fraction, scale gain, shear deg
@@ -172,6 +173,10 @@ except DatasetError as e:
     sys.exit(f"error: {e}")
 if args.imgsz % 32:
     sys.exit(f"--imgsz {args.imgsz} must be a multiple of 32 (the largest stride)")
+try:  # auto: counted over the training boxes, then kept as numbers (args.yaml, last.pt): a resume weighs the same
+    args.cls_weights, class_weights = resolve_class_weights(args.cls_weights, train_records.labels[:, 0], nc)
+except ValueError as e:
+    sys.exit(f"error: {e}")
 
 # The architecture: the resumed run's, the .pt given as --model's, or a scale. --weights (or a .pt --model)
 # initialises the tensors that match (ours or an Ultralytics .pt, read without running code from it).
@@ -222,7 +227,7 @@ ema = ModelEMA(model, args.ema_decay, args.ema_tau) if is_main else None  # rank
 optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weight_decay)
 # fp16 only (bf16 has fp32's range); its scale goes into last.pt (pitfall T1: else a resume searches it again)
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
-loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl, tiny_box=args.tiny_box)
+loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl, tiny_box=args.tiny_box, class_weights=class_weights)
 
 # -----------------------------------------------------------------------------------------------
 # Loop state: what the loop carries from one step to the next. last.pt saves it (training_state, below) and a
@@ -296,6 +301,7 @@ summary = [f"model {scale}: {network}", f"{len(train_records)} train / {len(val_
 summary += [f"{args.epochs} epochs at {args.imgsz} px, batch {args.batch} x accumulate {accumulate}{ramp}"]
 summary += [f"{args.optimizer} lr0 {args.lr0}", f"{device}" + f" x {world_size} processes" * (world_size > 1)]
 summary += [f"amp {str(amp_dtype).split('.')[-1]}"] * use_amp + [f"{args.workers} loader workers"]
+summary += [f"class weights {', '.join(f'{n} {w:.3g}' for n, w in zip(names, class_weights))}"] * bool(class_weights)
 log.info(" | ".join(summary))
 stop_request = StopRequest()  # SIGTERM / Ctrl+C: save last.pt after this step, exit 0
 results_csv = run_dir / "results.csv"

@@ -785,9 +785,21 @@ def test_compile_trains_and_saves_plain_weights(tiny_data, tmp_path):
 
 def test_extend_a_finished_run_as_if_started_with_more_epochs(tiny_data, tmp_path):
     """--resume last.pt --epochs N continues a finished run: exactly as a run started with N epochs goes on from the
-    same state (the schedule is a function of (epoch, epochs)), and --fitness picks best.pt by its own number."""
-    common = ["--data", tiny_data, "--deterministic", "--accumulate", "1", "--fitness", "ultralytics", *TINY]
-    run([*common, "--epochs", "2", "--out", tmp_path / "finished"])
+    same state (the schedule is a function of (epoch, epochs)), and --fitness picks best.pt by its own number.
+    --cls-weights auto: counted from the labels once, then kept as numbers: a resume weighs as the run started."""
+    shutil.copytree(tiny_data.parent, tmp_path / "data")  # its labels change before the resumes
+    data, label_files = tmp_path / "data" / tiny_data.name, sorted((tmp_path / "data").glob("*/labels/train/*.txt"))
+    counts = [0] * 6
+    for line in (line for f in label_files for line in f.read_text().splitlines()):
+        counts[int(line.split()[0])] += 1
+    common = ["--data", data, "--deterministic", "--accumulate", "1", "--fitness", "ultralytics", *TINY]
+    run([*common, "--epochs", "2", "--cls-weights", "auto", "--out", tmp_path / "finished"])
+    saved = yaml.safe_load((tmp_path / "finished/args.yaml").read_text())["cls_weights"]
+    inverse = [1 / n if n else math.inf for n in counts]
+    expected = [min(w, 10 * min(inverse)) for w in inverse]  # capped at 10x the smallest, then mean 1
+    assert [float(w) for w in saved.split(",")] == pytest.approx([w * 6 / sum(expected) for w in expected], rel=1e-9)
+    for f in label_files[:6]:
+        f.write_text("0 0.5 0.5 0.2 0.2\n")
     finished = load(tmp_path / "finished/weights/last.pt")
     rows = list(csv.DictReader(open(tmp_path / "finished/results.csv")))
     best = rows[finished["best_epoch"] - 1]
@@ -808,7 +820,18 @@ def test_extend_a_finished_run_as_if_started_with_more_epochs(tiny_data, tmp_pat
     run(["--resume", tmp_path / "extended/weights/last.pt", "--epochs", "3"])
     run(["--resume", tmp_path / "started_with_3/weights/last.pt"])
     extended, reference = (load(tmp_path / f"{n}/weights/last.pt") for n in ("extended", "started_with_3"))
-    assert extended["epoch"] == 3 and extended["args"]["epochs"] == 3
+    assert extended["epoch"] == 3 and extended["args"]["epochs"] == 3 and extended["args"]["cls_weights"] == saved
+    weighed = re.findall(r"class weights [^|\n]+", (tmp_path / "extended/train.log").read_text())
+    assert len(weighed) == 2 and weighed[0] == weighed[1] and weighed[0].startswith("class weights circle ")
     for key in ("model", "ema", "optimizer"):
         assert tensors_equal(extended[key], reference[key]), key
     assert len(list(csv.DictReader(open(tmp_path / "extended/results.csv")))) == 3
+
+
+def test_a_cls_weights_list_of_the_wrong_length_gets_one_sentence_before_anything_is_written(tiny_data, tmp_path):
+    result = run(["--data", tiny_data, "--cls-weights", "1,2", "--out", tmp_path / "x", *TINY], check=False)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert (
+        "--cls-weights 1,2 has 2 numbers for a dataset of nc=6 classes; give auto or 6 comma-separated" in result.stderr
+    )
+    assert not (tmp_path / "x" / "args.yaml").exists() and not any((tmp_path / "x" / "weights").iterdir())

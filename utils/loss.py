@@ -14,6 +14,7 @@ a device-side assert on CUDA); in fp16 box areas over 65,504 px^2 overflow the a
 
 import logging
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -21,6 +22,52 @@ from utils.assigner import TINY_SIDE, assign_targets
 from utils.boxes import boxes_to_distances, complete_iou_loss, dfl_decode, distances_to_boxes, make_anchors
 
 log = logging.getLogger("yolo")
+
+
+# --cls-weights auto: no class weighs more than this many times the least weighted one. Uncapped, a class with 3
+# boxes among 30,000 would weigh 10,000x: its few anchors would then drive the whole class term (a noisy gradient
+# from a handful of boxes) and a class absent from the training labels would weigh infinitely.
+CLASS_WEIGHT_CAP = 10.0
+
+
+def resolve_class_weights(text, class_ids, nc):
+    """--cls-weights as the run uses it: (the setting with `auto` replaced by its numbers, the nc weights), or
+    ("", None) when off. `auto`: inverse class frequency over the training boxes (`class_ids`, one per box), capped
+    at CLASS_WEIGHT_CAP x the smallest, scaled to mean 1 (the class term then keeps its size: every channel has about
+    as many negatives). A list is used as written. The numbers go into args.yaml and last.pt, so that a resumed run
+    weighs exactly as it started even if the labels have changed since. ValueError: one sentence naming the flag."""
+    text = str(text).strip().strip("[]")  # "[1, 2]": a dataset yaml's `defaults:` may give a list
+    if not text:
+        return "", None
+    if text == "auto":
+        counts = np.bincount(np.asarray(class_ids, dtype=np.int64), minlength=nc).tolist()
+        if not any(counts):  # no box at all: nothing to balance
+            weights = [1.0] * nc
+        else:
+            inverse = [1 / n if n else float("inf") for n in counts]
+            weights = [min(w, CLASS_WEIGHT_CAP * min(inverse)) for w in inverse]
+    else:
+        weights = []
+        for part in text.split(","):
+            try:
+                weights.append(float(part))
+            except ValueError:
+                raise ValueError(
+                    f"--cls-weights {text}: '{part.strip()}' is not a number; give auto or {nc} comma-separated "
+                    f"numbers, one per class in the order of the dataset's names (nc={nc})"
+                ) from None
+        if len(weights) != nc or not all(0 <= w < float("inf") for w in weights):
+            what = (
+                f"has {len(weights)} numbers" if len(weights) != nc else "has a number that is negative or not finite"
+            )
+            raise ValueError(
+                f"--cls-weights {text} {what} for a dataset of nc={nc} classes; give auto or {nc} comma-separated "
+                f"numbers >= 0, one per class in the order of the dataset's names"
+            )
+        return ",".join(map(repr, weights)), weights
+    mean = sum(weights) / nc
+    weights = [w / mean for w in weights]
+    return ",".join(map(repr, weights)), weights
 
 
 def pad_targets(targets, batch_size):
@@ -51,9 +98,15 @@ class DetectionLoss:
     the CPU, a running total (train.py reports how many each epoch added).
     """
 
-    def __init__(self, head, box_gain=7.5, cls_gain=0.5, dfl_gain=1.5, topk=10, tiny_box=TINY_SIDE):
+    def __init__(self, head, box_gain=7.5, cls_gain=0.5, dfl_gain=1.5, topk=10, tiny_box=TINY_SIDE, class_weights=None):
         self.nc, self.reg_max, self.strides = head.nc, head.reg_max, head.strides
         self.gains = (box_gain, cls_gain, dfl_gain)
+        # --cls-weights: one factor per class channel of the BCE, on its positives and its negatives alike. Weighting
+        # the whole channel leaves the score each anchor is pulled towards unchanged (the minimum of w * BCE is where
+        # BCE's is), so scores stay calibrated for --conf and NMS; only how much each class counts in the gradient
+        # changes. A weight on the positives alone (pos_weight) would inflate the rare class's scores instead: more
+        # of its false positives. None: the plain BCE, bitwise as without the option.
+        self.class_weights = None if class_weights is None else torch.tensor(class_weights, dtype=torch.float32)
         self.topk, self.tiny_box = topk, tiny_box
         self.assignments_on_cpu = 0
 
@@ -95,7 +148,10 @@ class DetectionLoss:
         target_boxes, target_scores, fg, _ = assigned
         score_sum = target_scores.sum().clamp(min=1)
 
-        loss_cls = F.binary_cross_entropy_with_logits(pred_logits, target_scores, reduction="none").sum() / score_sum
+        if self.class_weights is not None and self.class_weights.device != flat.device:
+            self.class_weights = self.class_weights.to(flat.device)  # once: a copy per step would be a host sync
+        bce = F.binary_cross_entropy_with_logits(pred_logits, target_scores, self.class_weights, reduction="none")
+        loss_cls = bce.sum() / score_sum
         # Box and DFL terms on the foreground anchors, gathered without asking how many there are (fg.any() or
         # pred_boxes[fg] would make the host wait for the GPU): an image has at most n * topk of them (each box
         # claims at most topk anchors, each anchor learns one box), so its first n * topk anchors in fg order
