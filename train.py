@@ -301,7 +301,8 @@ summary = [f"model {scale}: {network}", f"{len(train_records)} train / {len(val_
 summary += [f"{args.epochs} epochs at {args.imgsz} px, batch {args.batch} x accumulate {accumulate}{ramp}"]
 summary += [f"{args.optimizer} lr0 {args.lr0}", f"{device}" + f" x {world_size} processes" * (world_size > 1)]
 summary += [f"amp {str(amp_dtype).split('.')[-1]}"] * use_amp + [f"{args.workers} loader workers"]
-summary += [f"class weights {', '.join(f'{n} {w:.3g}' for n, w in zip(names, class_weights))}"] * bool(class_weights)
+if class_weights:
+    summary += ["class weights " + ", ".join(f"{n} {w:.3g}" for n, w in zip(names, class_weights))]
 log.info(" | ".join(summary))
 stop_request = StopRequest()  # SIGTERM / Ctrl+C: save last.pt after this step, exit 0
 results_csv = run_dir / "results.csv"

@@ -100,3 +100,22 @@ def test_a_class_weight_scales_that_class_channel_alone():
     assert torch.equal(gradient[:, channel + 1 :], plain_gradient[:, channel + 1 :])
     assert torch.allclose(gradient[:, channel], 3 * plain_gradient[:, channel], rtol=1e-5, atol=1e-12)
     assert (plain_gradient[:, channel] > 0).any() and (plain_gradient[:, channel] < 0).any()  # negatives, positives
+
+
+def test_shapes_with_class_odds_draw_the_train_split_imbalanced_and_the_val_split_even(tmp_path):
+    """The generator behind bench/class_imbalance.py: circle 20 : star 1 in train, only those two in val, evenly."""
+    from utils.shapes import make_shapes
+
+    odds = [20, 0, 0, 1, 0, 0]
+    make_shapes(tmp_path, n_train=40, n_val=30, seed=0, size=96, class_odds=odds)
+
+    def counts(split):
+        found = [0] * 6
+        for path in (tmp_path / "labels" / split).glob("*.txt"):
+            for line in path.read_text().splitlines():
+                found[int(line.split()[0])] += 1
+        return found
+
+    train, val = counts("train"), counts("val")
+    assert train[1:3] == train[4:] == val[1:3] == val[4:] == [0, 0]  # odds 0: never drawn
+    assert train[0] > 8 * train[3] and val[3] > 0.6 * val[0]

@@ -145,8 +145,9 @@ def _clutter(rng, img):
             cv2.polylines(img, [pts.astype(np.int32)], False, colour, 1, cv2.LINE_AA)
 
 
-def draw_image(rng, w, h, style="shapes"):
-    """One image and its labels as rows of (class, x1, y1, x2, y2) in pixels."""
+def draw_image(rng, w, h, style="shapes", class_odds=None):
+    """One image and its labels as rows of (class, x1, y1, x2, y2) in pixels; `class_odds`: each class's probability
+    (default: all equally likely)."""
     spec = STYLES[style]
     names, (low, high), (r_min, r_max) = spec["names"], spec["objects"], spec["radius"]
     img = _background(rng, h, w)
@@ -155,7 +156,7 @@ def draw_image(rng, w, h, style="shapes"):
     masks, areas, classes = [], [], []
     r_max = r_max or min(h, w) / 6  # shapes: diameter 6 px .. a third of the image
     for _ in range(n):
-        cls = int(rng.integers(0, len(names)))
+        cls = int(rng.integers(0, len(names)) if class_odds is None else rng.choice(len(names), p=class_odds))
         r = math.exp(rng.uniform(math.log(r_min), math.log(r_max)))  # log-uniform: small objects dominate
         cx, cy = rng.uniform(r * 0.5, w - r * 0.5), rng.uniform(r * 0.5, h - r * 0.5)
         mask = np.zeros((h, w), np.uint8)
@@ -186,14 +187,21 @@ def draw_image(rng, w, h, style="shapes"):
     return img, labels
 
 
-def make_shapes(root, n_train=1000, n_val=200, seed=0, size=320, style="shapes"):
+def make_shapes(root, n_train=1000, n_val=200, seed=0, size=320, style="shapes", class_odds=None):
     """Write images/{train,val}/*.jpg and labels/{train,val}/*.txt under root. Returns root.
-    Does nothing when root already holds a set made with the same settings."""
+    Does nothing when root already holds a set made with the same settings. `class_odds`: the relative frequency of
+    each class in the train split (0: never drawn), for an imbalanced set (bench/class_imbalance.py); the val split
+    draws the classes whose odds are not 0 equally often, so that each class's AP is measured on as many objects."""
     root = Path(root)
     marker = root / "shapes.json"
     settings = {"version": GENERATOR_VERSION, "n_train": n_train, "n_val": n_val, "seed": seed, "size": size}
     if style != "shapes":  # the shapes sets made before styles existed stay valid
         settings["style"] = style
+    odds = {}
+    if class_odds is not None:
+        settings["class_odds"] = list(class_odds)
+        drawn = np.array(class_odds, dtype=np.float64) > 0
+        odds = {"train": np.array(class_odds) / sum(class_odds), "val": drawn / drawn.sum()}
     if marker.exists() and json.loads(marker.read_text()) == settings:
         return root
     root.mkdir(parents=True, exist_ok=True)
@@ -217,7 +225,7 @@ def make_shapes(root, n_train=1000, n_val=200, seed=0, size=320, style="shapes")
             for i in range(n):
                 rng = np.random.default_rng([split_seed, i])  # each image depends only on (seed, index)
                 w = int(size * rng.choice([1.0, 1.0, 1.25, 0.75]))  # a few aspect ratios, for rectangular batches
-                img, labels = draw_image(rng, w, size, style)
+                img, labels = draw_image(rng, w, size, style, odds.get(split))
                 stem = f"{split}_{i:05d}"
                 jpeg = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90])[1]
                 atomic_write(root / "images" / split / f"{stem}.jpg", lambda f: f.write(jpeg.tobytes()))
