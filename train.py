@@ -26,7 +26,7 @@ import yaml
 from tqdm import tqdm
 
 from models.yolo import YOLO, architecture, class_width, count_gflops, count_parameters, initialise_from
-from utils import monitor  # results.csv, TensorBoard, --profile, --benchmark, the progress and epoch lines
+from utils import monitor, tracking  # results.csv, TensorBoard, --profile, --benchmark, progress lines; --mlflow
 from utils.autobatch import batch_from_memory
 from utils.checkpoint import (
     FORMAT,
@@ -127,6 +127,7 @@ add("--benchmark", type=int, default=0, help="train N iterations, print images/s
 add("--profile", action="store_true", help="write a torch profiler trace of a few steps")
 add("--checkpoint-activations", action="store_true", help="recompute activations in backward to save memory")
 add("--compile", action="store_true", help="torch.compile the model (see README: when it pays)")
+add("--mlflow", action="store_true", help="log to MLflow: MLFLOW_TRACKING_URI, else a file store beside the run folder")
 for key, value in HYP.items():
     names = [f"--{key}"] + ([f"--{key.replace('_', '-')}"] if "_" in key else [])
     add(*names, dest=key, type=type(value), default=value, help="hyperparameter")
@@ -141,6 +142,8 @@ try:  # --resume: the saved arguments, with this machine's devices and workers (
     args, resume_ckpt = resume_arguments(parser, args, given_flags)  # resume_ckpt: the last.pt continued, or None
 except ValueError as e:  # CheckpointError too
     sys.exit(f"--resume: {e}")
+if args.mlflow and not tracking.mlflow_installed():  # optional: said before anything is written
+    sys.exit(tracking.MLFLOW_MISSING)
 
 device, rank, local_rank, world_size, flags_group = setup_distributed(args.device)
 is_main = rank == 0
@@ -309,6 +312,7 @@ results_csv = run_dir / "results.csv"
 if is_main:  # a resumed run keeps its rows up to its last save (a killed run may have written more)
     monitor.start_results_csv(results_csv, COLUMNS, start_epoch if resume_ckpt else None)
 tensorboard = monitor.open_tensorboard(run_dir) if is_main else None
+mlflow_run = tracking.start_mlflow_run(run_dir, vars(args)) if args.mlflow and is_main else None
 profiler = monitor.start_profiler(run_dir / "profile_trace.json") if args.profile and is_main else None
 benchmark = monitor.Benchmark(args.benchmark, args.batch, args.imgsz, device) if args.benchmark else None
 
@@ -484,6 +488,8 @@ for epoch in range(start_epoch, args.epochs):
         if tensorboard:
             for column, value in zip(COLUMNS[1:], row[1:]):
                 tensorboard.add_scalar(column, value, epoch + 1)
+        if mlflow_run:
+            mlflow_run.log_epoch(dict(zip(COLUMNS[1:], row[1:])), epoch + 1)
         log.info(monitor.epoch_line(epoch + 1, args.epochs, losses, metrics, time.time() - epoch_start, faults))
         save_last(epoch + 1, 0)
     # --patience: rank 0 saw the fitness; the vote is also the barrier where the other ranks wait for it
@@ -502,6 +508,8 @@ if is_main:
     (run_dir / "metrics.json").write_text(json.dumps(result["metrics"], indent=2))
     best_f1_confidence = plot_evaluation(result, ema.ema, val_loader, names, run_dir, device)
     log.info(f"best F1 at confidence {best_f1_confidence:.3f} (F1_curve.png; detect.py --conf)")
+    if mlflow_run:
+        mlflow_run.finish(run_dir)
     log.info(f"done in {run_dir}: weights/best.pt, weights/last.pt, results.csv, results.png")
 if world_size > 1:
     dist.destroy_process_group()

@@ -71,9 +71,11 @@ def load(path):
     return torch.load(path, map_location="cpu", weights_only=True)  # checkpoints must load this way
 
 
-def test_two_epoch_run_writes_every_output(tiny_data, tmp_path):
+def test_two_epoch_run_writes_every_output(tiny_data, tmp_path, monkeypatch):
+    """Also --mlflow: the run read back with MLflow's own client from the local store; a resume continues it."""
     out = tmp_path / "run"
-    run(["--data", tiny_data, "--epochs", "2", "--out", out, *TINY])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}  # the default store: beside the run
+    run(["--data", tiny_data, "--epochs", "2", "--mlflow", "--out", out, *TINY], env=env)
     pictures = [
         "labels.jpg",
         "train_batch0.jpg",
@@ -116,6 +118,36 @@ def test_two_epoch_run_writes_every_output(tiny_data, tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert {"mAP50", "mAP50-95", "precision", "recall"} <= metrics.keys()
     assert yaml.safe_load((out / "args.yaml").read_text())["epochs"] == 2
+
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3.7+ reads its file store only when allowed
+    client = MlflowClient((tmp_path / "mlruns").as_uri())
+    run_id = json.loads((out / "mlflow.json").read_text())["run_id"]
+    tracked = client.get_run(run_id)
+    assert tracked.info.status == "FINISHED" and tracked.info.run_name == "run"
+    assert client.get_experiment(tracked.info.experiment_id).name == "tiny"  # named after the dataset yaml
+    params = tracked.data.params
+    assert params["epochs"] == "2" and params["imgsz"] == "64" and params["optimizer"] == "adamw"
+    assert params["data"] == str(tiny_data) and params["cls_weights"] == "" and float(params["lr0"]) == 0.002
+    for column in ["box_loss", "cls_loss", "mAP50-95", "val_box_loss", "lr", "seconds"]:
+        history = client.get_metric_history(run_id, column)
+        assert [m.step for m in history] == [1, 2], column
+        assert [m.value for m in history] == pytest.approx([float(r[column]) for r in rows], rel=1e-4), column
+    artifacts = {a.path for folder in ("", "plots", "weights") for a in client.list_artifacts(run_id, folder)}
+    assert {"weights/best.pt", "plots/results.png", "plots/labels.jpg", "results.csv", "args.yaml"} <= artifacts
+    assert "weights/last.pt" not in artifacts
+    downloaded = client.download_artifacts(run_id, "weights/best.pt", str(tmp_path))
+    assert tensors_equal(load(downloaded)["model"], best["model"])
+
+    run(["--resume", out / "weights/last.pt", "--epochs", "3"], env=env)  # extends the same MLflow run
+    assert json.loads((out / "mlflow.json").read_text())["run_id"] == run_id
+    assert [e.experiment_id for e in client.search_experiments()].count(tracked.info.experiment_id) == 1
+    assert len(client.search_runs([tracked.info.experiment_id])) == 1
+    assert [m.step for m in client.get_metric_history(run_id, "mAP50-95")] == [1, 2, 3]
+    tracked = client.get_run(run_id)
+    assert tracked.info.status == "FINISHED" and tracked.data.params["epochs"] == "2"
+    assert tracked.data.tags["resumed.epochs"] == "3"  # MLflow's parameters cannot change: the new value in a tag
 
 
 def test_accumulation_windows_ramp_over_the_warmup_and_partition_each_epoch():
@@ -835,3 +867,11 @@ def test_a_cls_weights_list_of_the_wrong_length_gets_one_sentence_before_anythin
         "--cls-weights 1,2 has 2 numbers for a dataset of nc=6 classes; give auto or 6 comma-separated" in result.stderr
     )
     assert not (tmp_path / "x" / "args.yaml").exists() and not any((tmp_path / "x" / "weights").iterdir())
+
+
+def test_mlflow_without_mlflow_installed_gets_one_sentence_before_anything_is_written(tiny_data, tmp_path):
+    wrapper = make_wrapper(tmp_path, setup="sys.modules['mlflow'] = None  # import mlflow now fails, as uninstalled")
+    result = run(["--data", tiny_data, "--mlflow", "--out", tmp_path / "x", *TINY], wrapper=wrapper, check=False)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "--mlflow needs MLflow, which is not installed: pip install mlflow-skinny" in result.stderr
+    assert not (tmp_path / "x").exists()
