@@ -121,7 +121,7 @@ def test_two_epoch_run_writes_every_output(tiny_data, tmp_path, monkeypatch):
 
     from mlflow.tracking import MlflowClient
 
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3.7+ reads its file store only when allowed
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3.17 reads its file store only when allowed
     client = MlflowClient((tmp_path / "mlruns").as_uri())
     run_id = json.loads((out / "mlflow.json").read_text())["run_id"]
     tracked = client.get_run(run_id)
