@@ -72,7 +72,8 @@ def load(path):
 
 
 def test_two_epoch_run_writes_every_output(tiny_data, tmp_path, monkeypatch):
-    """Also --mlflow: the run read back with MLflow's own client from the local store; a resume continues it."""
+    """Also --mlflow: the run read back with MLflow's own client from the local store (a resume continues it: below,
+    in test_extend_a_finished_run_as_if_started_with_more_epochs)."""
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}  # the default store: beside the run
     run(["--data", tiny_data, "--epochs", "2", "--mlflow", "--out", out, *TINY], env=env)
@@ -139,15 +140,6 @@ def test_two_epoch_run_writes_every_output(tiny_data, tmp_path, monkeypatch):
     assert "weights/last.pt" not in artifacts
     downloaded = client.download_artifacts(run_id, "weights/best.pt", str(tmp_path))
     assert tensors_equal(load(downloaded)["model"], best["model"])
-
-    run(["--resume", out / "weights/last.pt", "--epochs", "3"], env=env)  # extends the same MLflow run
-    assert json.loads((out / "mlflow.json").read_text())["run_id"] == run_id
-    assert [e.experiment_id for e in client.search_experiments()].count(tracked.info.experiment_id) == 1
-    assert len(client.search_runs([tracked.info.experiment_id])) == 1
-    assert [m.step for m in client.get_metric_history(run_id, "mAP50-95")] == [1, 2, 3]
-    tracked = client.get_run(run_id)
-    assert tracked.info.status == "FINISHED" and tracked.data.params["epochs"] == "2"
-    assert tracked.data.tags["resumed.epochs"] == "3"  # MLflow's parameters cannot change: the new value in a tag
 
 
 def test_accumulation_windows_ramp_over_the_warmup_and_partition_each_epoch():
@@ -815,17 +807,19 @@ def test_compile_trains_and_saves_plain_weights(tiny_data, tmp_path):
     assert state["model"].keys() == load(out / "weights/best.pt")["model"].keys()
 
 
-def test_extend_a_finished_run_as_if_started_with_more_epochs(tiny_data, tmp_path):
+def test_extend_a_finished_run_as_if_started_with_more_epochs(tiny_data, tmp_path, monkeypatch):
     """--resume last.pt --epochs N continues a finished run: exactly as a run started with N epochs goes on from the
     same state (the schedule is a function of (epoch, epochs)), and --fitness picks best.pt by its own number.
-    --cls-weights auto: counted from the labels once, then kept as numbers: a resume weighs as the run started."""
+    --cls-weights auto: counted from the labels once, then kept as numbers: a resume weighs as the run started.
+    --mlflow: the resume continues the same MLflow run."""
     shutil.copytree(tiny_data.parent, tmp_path / "data")  # its labels change before the resumes
     data, label_files = tmp_path / "data" / tiny_data.name, sorted((tmp_path / "data").glob("*/labels/train/*.txt"))
     counts = [0] * 6
     for line in (line for f in label_files for line in f.read_text().splitlines()):
         counts[int(line.split()[0])] += 1
     common = ["--data", data, "--deterministic", "--accumulate", "1", "--fitness", "ultralytics", *TINY]
-    run([*common, "--epochs", "2", "--cls-weights", "auto", "--out", tmp_path / "finished"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}  # the store: tmp_path / "mlruns"
+    run([*common, "--epochs", "2", "--cls-weights", "auto", "--mlflow", "--out", tmp_path / "finished"], env=env)
     saved = yaml.safe_load((tmp_path / "finished/args.yaml").read_text())["cls_weights"]
     inverse = [1 / n if n else math.inf for n in counts]
     expected = [min(w, 10 * min(inverse)) for w in inverse]  # capped at 10x the smallest, then mean 1
@@ -842,6 +836,7 @@ def test_extend_a_finished_run_as_if_started_with_more_epochs(tiny_data, tmp_pat
     as_if = load(tmp_path / "started_with_3/weights/last.pt")
     as_if["args"]["epochs"] = 3  # the same state, in a run that was started with 3 epochs and stopped after 2
     torch.save(as_if, tmp_path / "started_with_3/weights/last.pt")
+    (tmp_path / "started_with_3/mlflow.json").unlink()  # a copy of the run: an MLflow run of its own
 
     before = (tmp_path / "extended/weights/last.pt").read_bytes()
     refused = run(["--resume", tmp_path / "extended/weights/last.pt", "--epochs", "1"], check=False)
@@ -849,8 +844,8 @@ def test_extend_a_finished_run_as_if_started_with_more_epochs(tiny_data, tmp_pat
     assert "--epochs 1 is fewer than the 2 epochs" in refused.stderr and "give more than 2" in refused.stderr
     assert (tmp_path / "extended/weights/last.pt").read_bytes() == before  # nothing lost
 
-    run(["--resume", tmp_path / "extended/weights/last.pt", "--epochs", "3"])
-    run(["--resume", tmp_path / "started_with_3/weights/last.pt"])
+    run(["--resume", tmp_path / "extended/weights/last.pt", "--epochs", "3"], env=env)
+    run(["--resume", tmp_path / "started_with_3/weights/last.pt"], env=env)
     extended, reference = (load(tmp_path / f"{n}/weights/last.pt") for n in ("extended", "started_with_3"))
     assert extended["epoch"] == 3 and extended["args"]["epochs"] == 3 and extended["args"]["cls_weights"] == saved
     weighed = re.findall(r"class weights [^|\n]+", (tmp_path / "extended/train.log").read_text())
@@ -858,6 +853,17 @@ def test_extend_a_finished_run_as_if_started_with_more_epochs(tiny_data, tmp_pat
     for key in ("model", "ema", "optimizer"):
         assert tensors_equal(extended[key], reference[key]), key
     assert len(list(csv.DictReader(open(tmp_path / "extended/results.csv")))) == 3
+
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client, record = MlflowClient((tmp_path / "mlruns").as_uri()), tmp_path / "extended/mlflow.json"
+    run_id = json.loads(record.read_text())["run_id"]
+    assert run_id == json.loads((tmp_path / "finished/mlflow.json").read_text())["run_id"]  # the same MLflow run
+    assert [m.step for m in client.get_metric_history(run_id, "mAP50-95")] == [1, 2, 3]
+    tracked = client.get_run(run_id)
+    assert tracked.info.status == "FINISHED" and tracked.data.params["epochs"] == "2"
+    assert tracked.data.tags["resumed.epochs"] == "3"  # MLflow's parameters cannot change: the new value in a tag
 
 
 def test_a_cls_weights_list_of_the_wrong_length_gets_one_sentence_before_anything_is_written(tiny_data, tmp_path):
