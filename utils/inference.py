@@ -215,12 +215,23 @@ def import_openvino(what):
     return openvino
 
 
+_openvino_core = []
+
+
+def openvino_core(what):
+    """The process's one openvino.Core. One for all models, kept to the end: a Core collected while a model compiled
+    by it still runs unloads the CPU plugin under that model (a segmentation fault in the tests)."""
+    openvino = import_openvino(what)
+    if not _openvino_core:
+        _openvino_core.append(openvino.Core())
+    return _openvino_core[0]
+
+
 def _load_openvino(path, device):
     xml = path if path.suffix == ".xml" else next(iter(sorted(path.glob("*.xml"))), None)
     if xml is None:
         raise CheckpointError(f"{path} is a folder without an OpenVINO model (.xml); export one with export.py")
-    ov = import_openvino(f"{path} (an OpenVINO model)")
-    core = ov.Core()
+    core = openvino_core(f"{path} (an OpenVINO model)")
     try:
         network = core.read_model(str(xml))
     except Exception as e:
