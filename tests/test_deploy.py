@@ -123,7 +123,7 @@ def test_benchmark_table_has_every_format_and_the_gate_holds(benchmark):
     assert rows["ONNX Runtime", "int8"][0] < 0.6 * rows["ONNX Runtime", "fp32"][0]  # int8 weights: a quarter + scales
 
 
-@pytest.mark.parametrize("key", [("OpenVINO", "int8"), ("ONNX Runtime", "fp32"), ("OpenVINO", "fp32")])
+@pytest.mark.parametrize("key", [("OpenVINO", "int8"), ("ONNX Runtime", "fp32")])
 def test_val_py_scores_an_exported_file_as_the_gate_did(benchmark, key, tmp_path):
     """val.py needs no --data or --imgsz for an exported file (its metadata names them) and prints the mAP the
     gate computed on the same images."""
