@@ -3,6 +3,7 @@
     python detect.py --source photo.jpg                        # newest runs/train/*/weights/best.pt
     python detect.py --weights best.onnx --source images/ --save-txt --save-json
     python detect.py --weights best.torchscript --source "shots/*.png" --conf 0.4 --classes 0 2
+    python detect.py --weights best_int8_openvino_model --source images/   # any folder export.py --openvino wrote
     python detect.py --weights best.pt --source video.mp4     # writes an annotated video
     python detect.py --weights best.pt --source 0              # webcam 0; Ctrl+C stops and saves
     python detect.py --weights best.pt --source rtsp://user:pass@192.168.1.10:554/stream1  # also http(s)://
@@ -12,8 +13,8 @@ A stream URL and each source of a .streams file are read in a thread of their ow
 newest frame (utils/streams.py): a slow model skips frames instead of falling behind. A source that
 drops is reopened a few times, then reported in one sentence; the others go on.
 
---weights: a .pt checkpoint, or an .onnx / .torchscript file from export.py (they carry their
-class names, image size and NMS settings, so nothing else is needed).
+--weights: a .pt checkpoint, or an .onnx / .torchscript file or OpenVINO folder from export.py (they
+carry their class names, image size and NMS settings, so nothing else is needed).
 
 From Python, in an application: models/predict.py (load, predict), the same path every image here takes.
 
@@ -62,7 +63,9 @@ def parse_args(argv=None):
         description="Detect objects in images and videos", formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument(
-        "--weights", default="", help=".pt, .onnx or .torchscript (default: newest runs/train/*/weights/best.pt)"
+        "--weights",
+        default="",
+        help=".pt, .onnx, .torchscript or OpenVINO folder (default: newest runs/train/*/weights/best.pt)",
     )
     parser.add_argument(
         "--source",

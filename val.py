@@ -1,8 +1,13 @@
-"""Evaluate a checkpoint with pycocotools: per-class table, speed per stage, metrics.json, plots.
+"""Evaluate a checkpoint or an exported model with pycocotools: per-class table, speed per stage, metrics.json, plots.
 
     python val.py                                          # newest runs/train/*/weights/best.pt
     python val.py --weights runs/train/exp/weights/best.pt --data data/shapes.yaml
     python val.py --weights best.pt --data coco.yaml --save-json   # + COCO-format detections
+    python val.py --weights runs/train/exp/weights/best_int8_openvino_model   # what you ship: any export.py format
+
+--weights: a .pt (ours or Ultralytics'), or an .onnx, .torchscript or OpenVINO folder from export.py, which
+carries its class names, image size and dataset yaml. A file exported without --dynamic takes only its own
+size: its images are letterboxed to that square (or h x w) instead of rectangular batches.
 
 mAP is computed by pycocotools against ground truth built from the YOLO labels, or against the
 original COCO json when the dataset yaml names one (`coco_json:`), so COCO numbers are official.
@@ -13,8 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from models.yolo import model_from_checkpoint
-from utils.checkpoint import CheckpointError, load_checkpoint, weights_or_newest
+from models.predict import inference_size, load
+from utils.checkpoint import CheckpointError, weights_or_newest
 from utils.data import ValDataset, fix_cv2_and_file_limits, make_loader
 from utils.dataset_yaml import DatasetError, load_dataset_yaml
 from utils.distributed import select_device
@@ -27,17 +32,19 @@ parser = argparse.ArgumentParser(
     description="Evaluate a checkpoint (COCO mAP with pycocotools)",
     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
 )
-parser.add_argument("--weights", default="", help="checkpoint (default: newest runs/train/*/weights/best.pt)")
+parser.add_argument(
+    "--weights", default="", help="checkpoint or exported model (default: newest runs/train/*/weights/best.pt)"
+)
 parser.add_argument("--data", default="", help="dataset yaml (default: the one the checkpoint was trained on)")
 parser.add_argument("--split", default="val", choices=["val", "test", "train"])
-parser.add_argument("--imgsz", type=int, default=0, help="0 = the training size stored in the checkpoint")
+parser.add_argument("--imgsz", type=int, default=0, help="0 = the size stored in the checkpoint or exported file")
 parser.add_argument("--batch", type=int, default=32)
 parser.add_argument("--conf", type=float, default=0.001, help="low on purpose: mAP integrates over all confidences")
 parser.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold")
 parser.add_argument("--max-det", type=int, default=300)
 parser.add_argument("--device", default="")
 parser.add_argument("--workers", type=int, default=2)
-parser.add_argument("--half", action="store_true", help="fp16 inference (CUDA)")
+parser.add_argument("--half", action="store_true", help="fp16 inference of a .pt (CUDA)")
 parser.add_argument(
     "--single-cls",
     action="store_true",
@@ -52,36 +59,35 @@ try:
     weights = weights_or_newest(args.weights)
 except CheckpointError as e:
     sys.exit(f"error: {e}")
+device = select_device(args.device)
 try:
-    checkpoint = load_checkpoint(weights)
-    model = model_from_checkpoint(checkpoint, weights)
-    if not (args.data or checkpoint["args"].get("data")):  # an Ultralytics file names no dataset of ours
+    model = load(weights, device, half=args.half and device.type == "cuda")  # any format: models/predict.py
+    if not (args.data or model["data"]):  # an Ultralytics file names no dataset of ours
         sys.exit(f"error: {weights} does not say which dataset it was trained on; give --data")
-    data = load_dataset_yaml(args.data or checkpoint["args"]["data"])
+    data = load_dataset_yaml(args.data or model["data"])
     records = load_verified(data[args.split], data["nc"], args.split) if data[args.split] else None
 except (CheckpointError, DatasetError) as e:
     sys.exit(f"error: {e}")
 if records is None:
     sys.exit(f"error: {data['yaml']} has no '{args.split}' split")
-if args.single_cls or checkpoint["args"].get("single_cls"):  # trained with --single-cls: every class counts as one
+if args.single_cls or model["single_cls"]:  # trained with --single-cls: every class counts as one
     records, data["names"], data["nc"] = single_class(records), ["object"], 1
-if checkpoint["nc"] != data["nc"]:
-    sys.exit(f"error: {weights} predicts {checkpoint['nc']} classes but {data['yaml']} names {data['nc']}")
+if len(model["names"]) != data["nc"]:
+    sys.exit(f"error: {weights} predicts {len(model['names'])} classes but {data['yaml']} names {data['nc']}")
 
 out = Path(args.out) if args.out else next_run_dir("runs/val/exp")
 out.mkdir(parents=True, exist_ok=True)
 log = setup_logging(out / "val.log")
-device = select_device(args.device)
-model = model.fuse().to(device)  # fused Conv+BN: same output, faster
-half = args.half and device.type == "cuda"
-if half:
-    model.half()
-imgsz = args.imgsz or checkpoint["imgsz"]
-dataset = ValDataset(records, imgsz, args.batch)
+shape, note = inference_size(model, args.imgsz)
+if note:
+    log.info(f"note: {note}")
+imgsz = max(shape)
+# a file of fixed size gets that size for every image, a .pt or a --dynamic export rectangular batches
+dataset = ValDataset(records, imgsz, args.batch, stride=model["stride"], shape=None if model["dynamic"] else shape)
 loader = make_loader(dataset, batch_size=args.batch, workers=args.workers, pin_memory=device.type == "cuda")
-log.info(f"{weights}: {len(records)} {args.split} images at {imgsz} px on {device}")
+log.info(f"{weights} ({model['backend']}): {len(records)} {args.split} images at {imgsz} px on {model['device']}")
 
-result = evaluate(model, loader, data["names"], device, data["coco_json"], args.conf, args.iou, args.max_det, half)
+result = evaluate(model, loader, data["names"], device, data["coco_json"], args.conf, args.iou, args.max_det)
 speed = result["metrics"]["speed_ms"]
 log.info(format_table(result, data["names"]))
 log.info(

@@ -2,7 +2,7 @@
 
     from models.predict import load, predict
 
-    model = load("runs/train/exp/weights/best.pt")  # or an .onnx / .torchscript file from export.py
+    model = load("runs/train/exp/weights/best.pt")  # or best.onnx, best.torchscript, best_openvino_model/
     result = predict(model, "photo.jpg", conf=0.4)  # or a BGR array as cv2.imread gives, or a list of either
     for box, score, name in zip(result.boxes, result.scores, result.names):
         print(name, round(float(score), 2), box.round(1))  # x1 y1 x2 y2 in the image's own pixels
@@ -37,14 +37,17 @@ class Detections(NamedTuple):
     names: list
 
 
-def load(weights, device="cpu"):
-    """A .pt checkpoint (ours or Ultralytics'), or an .onnx / .torchscript file from export.py -> the model dict
-    of utils/inference.py (run, names, imgsz, stride, dynamic, nms, ...) plus "weights", the path as given.
+def load(weights, device="cpu", half=False):
+    """A .pt checkpoint (ours or Ultralytics'), or an .onnx / .torchscript file or an OpenVINO folder
+    (best_openvino_model/) from export.py -> the model dict of utils/inference.py (run, names, imgsz, stride,
+    dynamic, nms, ...) plus "weights", the path as given. half: a .pt runs in fp16 (on a GPU); an exported file
+    runs in the precision it was exported in.
     device: "cpu", "cuda", "cuda:1", "1" or a torch.device. A missing, broken or foreign file raises
     utils.checkpoint.CheckpointError (a ValueError) with one sentence that names the file."""
     device = torch.device(f"cuda:{device}" if str(device).isdigit() else device)
     if Path(weights).suffix == ".pt":
-        model = from_pytorch(load_model(weights)[0], device)
+        network, train_args = load_model(weights)
+        model = from_pytorch(network, device, half, train_args.get("data"), train_args.get("single_cls", False))
     else:
         model = load_exported(weights, device)
     return {**model, "weights": str(weights)}

@@ -285,7 +285,7 @@ def test_onnx_export_of_a_model_on_the_gpu(weights, emulated_gpu, tmp_path, caps
     copy.write_bytes(weights.read_bytes())
     export.main(["--weights", str(copy), "--onnx", "--device", "0", "--runs", "2", *options])
     printed = capsys.readouterr().out
-    assert copy.with_suffix(".onnx").exists() and "ONNX Runtime: raw output max |diff|" in printed
+    assert copy.with_suffix(".onnx").exists() and "best.onnx: raw output max |diff|" in printed
     assert " 0 unmatched" in printed and "detections 0 vs" not in printed
     dtype = torch.float16 if half else torch.float32
     assert emulated_gpu.count("convolution", dtype) > 0  # the PyTorch reference ran on the GPU

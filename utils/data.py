@@ -98,8 +98,10 @@ class ValDataset(torch.utils.data.Dataset):
     each batch is padded only to its own shape (a multiple of the stride), which is faster and more
     accurate than squares. Keeps what is needed to map predictions back to original pixels."""
 
-    def __init__(self, records, imgsz, batch_size, stride=32, pad=0.5, cache=None):
-        """cache: as TrainDataset's, in the order of `records` as given (they are sorted here)."""
+    def __init__(self, records, imgsz, batch_size, stride=32, pad=0.5, cache=None, shape=None):
+        """cache: as TrainDataset's, in the order of `records` as given (they are sorted here). shape: (h, w) for
+        every image instead of rectangular batches (an exported file without --dynamic takes only its own size);
+        then imgsz is its longer side."""
         records = as_records(records)
         order = np.argsort(records.shapes[:, 0] / records.shapes[:, 1], kind="stable")  # similar shapes together
         self.records = records.take(order)
@@ -110,8 +112,8 @@ class ValDataset(torch.utils.data.Dataset):
         for start in range(0, len(self.records), batch_size):
             a = aspect[start : start + batch_size]
             hw = (a.max(), 1.0) if a.max() < 1 else (1.0, 1 / a.min()) if a.min() > 1 else (1.0, 1.0)
-            shape = tuple(int(np.ceil(v * imgsz / stride + pad) * stride) for v in hw)
-            self.shapes += [shape] * len(a)
+            rect = tuple(int(np.ceil(v * imgsz / stride + pad) * stride) for v in hw)
+            self.shapes += [tuple(shape or rect)] * len(a)
 
     def __len__(self):
         return len(self.records)

@@ -12,8 +12,9 @@ import torchvision
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from utils.boxes import non_max_suppression, scale_boxes_to_original
+from utils.boxes import scale_boxes_to_original
 from utils.coco import detections_to_coco, ground_truth
+from utils.inference import postprocess
 
 
 def synchronize(device):
@@ -25,22 +26,21 @@ def synchronize(device):
 def predict_dataset(model, loader, device, conf=0.001, iou=0.7, max_det=300, half=False, loss_fn=None):
     """Detections of every validation image in original pixels: dict dataset index -> (n, 6) array
     of x1 y1 x2 y2 score class. Also the time per image of each stage, in ms, and with `loss_fn` (train.py's
-    DetectionLoss) the mean validation loss parts (box, cls, dfl) from the same forward's raw maps, else None."""
-    model.eval()  # pitfall M1: BN and dropout must be in inference mode
-    # fp16 after val.py --half; fp32 weights (the EMA in training) run in autocast
-    dtype = next(model.parameters()).dtype
+    DetectionLoss) the mean validation loss parts (box, cls, dfl) from the same forward's raw maps, else None.
+    model: a PyTorch nn.Module (training), or a model dict of utils/inference.py (val.py, export.py's gate: any
+    format, a .pt wrapped by from_pytorch included)."""
     results, seconds, images = {}, np.zeros(3), 0
     loss_sum, batches = torch.zeros(3, device=device), 0
     if loss_fn is not None:
         model.head.return_maps = True
     try:
         for batch, targets, metas in loader:
-            predictions, maps = model_outputs(model, batch, device, dtype, half, seconds)
+            predictions, maps = model_outputs(model, batch, device, half, seconds)
             if loss_fn is not None:  # summed on the device, read once at the end
                 loss_sum += loss_fn(maps, targets)[1]
                 batches += 1
             nms = functools.partial(
-                non_max_suppression, predictions.float(), conf, iou, max_det=max_det, multi_label=True
+                postprocess, predictions.float(), model, conf, iou, max_det=max_det, multi_label=True
             )
             detections = timed(device, seconds, 2, nms)
             images += len(batch)
@@ -67,8 +67,14 @@ def timed(device, seconds, stage, work):
     return out
 
 
-def model_outputs(model, batch, device, dtype, half, seconds):
-    """(predictions, raw maps or None) of a uint8 batch; the preprocessing and inference times into seconds."""
+def model_outputs(model, batch, device, half, seconds):
+    """(predictions, raw maps or None) of a uint8 batch; the preprocessing and inference times into seconds.
+    model: an nn.Module or a model dict of utils/inference.py (see predict_dataset)."""
+    if isinstance(model, dict):  # it converts to its own precision and device
+        x = timed(device, seconds, 0, lambda: batch.to(model["device"]).float().div_(255))  # pitfall D3
+        return timed(device, seconds, 1, lambda: model["run"](x)), None
+    model.eval()  # pitfall M1: BN and dropout must be in inference mode
+    dtype = next(model.parameters()).dtype  # fp16 after .half(); fp32 weights (the EMA in training) run in autocast
     x = timed(device, seconds, 0, lambda: batch.to(device, non_blocking=True).to(dtype).div_(255))  # pitfall D3
     with torch.autocast(device.type, dtype=torch.float16, enabled=half and device.type == "cuda"):
         out = timed(device, seconds, 1, lambda: model(x))

@@ -18,7 +18,8 @@ import torch  # noqa: E402
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from utils.boxes import non_max_suppression  # noqa: E402
+from utils.evaluate import model_outputs  # noqa: E402
+from utils.inference import postprocess  # noqa: E402
 
 
 def plot_results(csv_path, out_path):
@@ -328,9 +329,8 @@ def plot_val_batch(model, loader, names, out_dir, device, conf=0.25):
     and with the model's detections above `conf`, side by side in a viewer. Boxes that sit beside
     their objects, or names that differ between the two, show a label or class mix-up at a glance."""
     images, targets, _ = next(iter(loader))
-    model.eval()
-    x = images.to(device).to(next(model.parameters()).dtype) / 255
-    predictions = [p.float().cpu() for p in non_max_suppression(model(x).float(), conf, 0.7)]
+    output = model_outputs(model, images, device, False, np.zeros(3))[0]  # an nn.Module or any exported format
+    predictions = [p.float().cpu() for p in postprocess(output.float(), model, conf, 0.7)]
     plot_batch(images, targets, names, Path(out_dir) / "val_batch0_labels.jpg")
     plot_batch(images, targets, names, Path(out_dir) / "val_batch0_pred.jpg", predictions=predictions, conf=conf)
 

@@ -1,0 +1,41 @@
+"""Ultralytics' own OpenVINO exports (fp32 and int8=True) of a YOLOv8n with our shapes set's 6 classes, for
+bench/openvino_latency.py. Runs in the peer environment (bench/ultralytics_shapes.py's docstring), never in ours:
+
+    /work/peer-venv/bin/python bench/ultralytics_openvino.py --data shapes_abs.yaml --out runs/peer/openvino
+
+--data: a dataset yaml with an absolute `path:` (Ultralytics resolves relative ones under its own datasets folder);
+INT8 is calibrated on its images. --weights: an Ultralytics .pt to export instead of an untrained yolov8n.
+Writes OUT/yolov8n_openvino_model/ and OUT/yolov8n_int8_openvino_model/ (or after the .pt's name).
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ["YOLO_OFFLINE"] = "1"  # read at import time: no telemetry, downloads fail fast
+os.environ["YOLO_AUTOINSTALL"] = "0"
+os.environ.setdefault("YOLO_CONFIG_DIR", "/work/peer-config")
+
+from ultralytics import YOLO  # noqa: E402
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--data", required=True)
+parser.add_argument("--weights", default="", help="an Ultralytics .pt (default: an untrained yolov8n, nc 6)")
+parser.add_argument("--imgsz", type=int, default=640)
+parser.add_argument("--out", default="runs/peer/openvino")
+args = parser.parse_args()
+
+out = Path(args.out).resolve()
+out.mkdir(parents=True, exist_ok=True)
+data = str(Path(args.data).resolve())
+source = args.weights and str(Path(args.weights).resolve())
+if not source:  # the architecture file with the shapes set's class count: the head's width depends on it
+    import ultralytics
+
+    yaml = Path(ultralytics.__file__).parent / "cfg/models/v8/yolov8.yaml"
+    source = str(out / "yolov8n.yaml")
+    Path(source).write_text(yaml.read_text().replace("nc: 80", "nc: 6", 1))
+os.chdir(out)  # an export from a yaml model is written to the current folder
+for int8 in (False, True):
+    print(YOLO(source).export(format="openvino", imgsz=args.imgsz, device="cpu", int8=int8, data=data), file=sys.stderr)

@@ -1,0 +1,230 @@
+"""Deployment (issue 24): every format export.py writes (TorchScript, ONNX, ONNX INT8, OpenVINO fp32/fp16/INT8)
+runs through val.py, detect.py and models/predict.py like the .pt, carries its metadata, and is scored by the
+accuracy gate; a broken export fails the gate in one sentence; a missing OpenVINO is one sentence.
+
+A mAP needs a model that finds something in a labelled set. Training one would take minutes, so the set is
+labelled by the test model itself (the calibrated random model of test_export.py): its detections above 0.3 on
+each image are that image's ground truth. The .pt then scores a high mAP, and an export that moves boxes or scores
+loses some of it, which is what the gate measures.
+"""
+
+import contextlib
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+import yaml
+from test_export import make_checkpoint, one_thread, scene  # noqa: F401 (one_thread: autouse fixture)
+
+import export
+from models.predict import load, predict
+from utils.checkpoint import CheckpointError
+from utils.inference import compare_detections, load_exported
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = ["ring", "box", "blob"]
+FORMATS = {  # --benchmark's files, by the label the table gives them
+    ("TorchScript", "fp32"): "best.torchscript",
+    ("ONNX Runtime", "fp32"): "best.onnx",
+    ("ONNX Runtime", "int8"): "best_int8.onnx",
+    ("OpenVINO", "fp32"): "best_openvino_model",
+    ("OpenVINO", "fp16"): "best_fp16_openvino_model",
+    ("OpenVINO", "int8"): "best_int8_openvino_model",
+}
+
+
+def write_split(folder, model, seeds, size=64):
+    """Images of the test scenes and, as labels, the model's own detections above 0.3 (YOLO txt)."""
+    (folder / "images").mkdir(parents=True)
+    (folder / "labels").mkdir(parents=True)
+    for seed in seeds:
+        img = scene(seed, size, size)
+        cv2.imwrite(str(folder / "images" / f"{seed}.png"), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
+        found = predict(model, img, conf=0.3, rgb=True)
+        rows = [
+            f"{c} {(x1 + x2) / 2 / size:.6f} {(y1 + y2) / 2 / size:.6f} {(x2 - x1) / size:.6f} {(y2 - y1) / size:.6f}"
+            for (x1, y1, x2, y2), c in zip(found.boxes.clip(0, size), found.classes)
+        ]
+        (folder / "labels" / f"{seed}.txt").write_text("\n".join(rows))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """best.pt whose checkpoint names a dataset (train 12, val 8 images) that it scores a high mAP on."""
+    root = tmp_path_factory.mktemp("deploy")
+    weights = make_checkpoint(root / "run" / "best.pt")
+    model = load(weights)
+    write_split(root / "set" / "train", model, range(100, 112))
+    write_split(root / "set" / "val", model, range(200, 208))
+    data = root / "set.yaml"
+    data.write_text(
+        yaml.safe_dump({"path": str(root / "set"), "train": "train/images", "val": "val/images", "names": NAMES})
+    )
+    checkpoint = torch.load(weights, weights_only=True)
+    torch.save({**checkpoint, "args": {"data": str(data)}}, weights)
+    return weights
+
+
+@pytest.fixture(scope="module")
+def benchmark(trained):
+    """export.py --benchmark once: every format in <stem>_benchmark/, and what it printed (an INT8 file beyond the
+    gate makes it exit non-zero after the table: its sentence is appended)."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        try:
+            export.main(["--weights", str(trained), "--benchmark", "--runs", "1", "--calib-images", "12"])
+        except SystemExit as e:
+            print(e.code)
+    return trained.parent / "best_benchmark", printed.getvalue()
+
+
+def table_rows(printed):
+    """{(format, precision): (size MB, mAP50-95, mAP50)} from the benchmark table."""
+    rows = {}
+    for line in printed.splitlines():
+        m = re.match(
+            r"(PyTorch|TorchScript|ONNX Runtime|OpenVINO)\s+(fp32|fp16|int8)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", line
+        )
+        if m:
+            rows[m[1], m[2]] = tuple(float(v) for v in m.groups()[2:])
+    return rows
+
+
+def run_val(weights, out, *options):
+    done = subprocess.run(
+        [sys.executable, "val.py", "--weights", str(weights), "--out", str(out), "--workers", "0", *options],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / "metrics.json").read_text())
+
+
+def test_benchmark_table_has_every_format_and_the_gate_holds(benchmark):
+    folder, printed = benchmark
+    rows = table_rows(printed)
+    assert set(rows) == {("PyTorch", "fp32"), *FORMATS}, printed
+    reference = rows["PyTorch", "fp32"][1]
+    assert reference > 0.5, printed  # the set is labelled by the model: a vacuous 0 would hide any drop
+    for key, name in FORMATS.items():
+        assert (folder / name).exists()
+        if key[1] != "int8":  # float formats: within the default gate of 0.002
+            assert reference - rows[key][1] <= 0.002, (key, printed)
+    assert rows["OpenVINO", "fp16"][0] < 0.6 * rows["OpenVINO", "fp32"][0]  # fp16 weights: half the file
+    assert rows["ONNX Runtime", "int8"][0] < 0.6 * rows["ONNX Runtime", "fp32"][0]  # int8 weights: a quarter + scales
+
+
+@pytest.mark.parametrize("key", [("OpenVINO", "int8"), ("ONNX Runtime", "fp32")])
+def test_val_py_scores_an_exported_file_as_the_gate_did(benchmark, key, tmp_path):
+    """val.py needs no --data or --imgsz for an exported file (its metadata names them) and prints the mAP the
+    gate computed on the same images."""
+    folder, printed = benchmark
+    metrics = run_val(folder / FORMATS[key], tmp_path / "val")
+    assert metrics["mAP50-95"] == pytest.approx(table_rows(printed)[key][1], abs=1e-4)
+
+
+def test_metadata_round_trip(benchmark):
+    folder, _ = benchmark
+    for (backend, precision), name in FORMATS.items():
+        model = load_exported(folder / name)
+        assert model["backend"] == backend
+        assert model["names"] == NAMES and model["imgsz"] == (64, 64) and model["stride"] == 32
+        assert model["int8"] == (precision == "int8") and model["half"] == (precision == "fp16")
+        assert model["data"].endswith("set.yaml") and model["dynamic"] is False and model["end2end"] is False
+    xml = folder / "best_openvino_model" / "best.xml"  # in the IR itself, not in a file beside it
+    assert "yolo_flat" in xml.read_text() and sorted(p.name for p in xml.parent.iterdir()) == ["best.bin", "best.xml"]
+
+
+def test_detect_and_predict_on_openvino_give_the_boxes_of_the_pt(trained, benchmark, tmp_path):
+    folder, _ = benchmark
+    images = trained.parent.parent / "set" / "val" / "images"
+    texts = {}
+    for weights in (trained, folder / "best_openvino_model"):
+        out = tmp_path / weights.name
+        done = subprocess.run(
+            [sys.executable, "detect.py", "--weights", str(weights), "--source", str(images), "--save-txt"]
+            + ["--out", str(out), "--conf", "0.3"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        texts[weights.name] = {p.name: np.loadtxt(p, ndmin=2) for p in sorted((out / "labels").glob("*.txt"))}
+    pt, ov = texts.values()
+    assert pt.keys() == ov.keys() and sum(len(v) for v in pt.values()) > 10
+    for name in pt:  # class cx cy w h conf; the same rows, in the same order
+        assert pt[name].shape == ov[name].shape and np.abs(pt[name] - ov[name]).max() < 1e-3, name
+    image = str(next(images.iterdir()))
+    ours, theirs = predict(load(trained), image, conf=0.3), predict(load(folder / "best_openvino_model"), image, 0.3)
+    as_rows = [np.c_[r.boxes, r.scores, r.classes] for r in (ours, theirs)]
+    boxes, scores, unmatched = compare_detections(*(torch.from_numpy(r).float() for r in as_rows), conf=0.3)
+    assert len(ours.scores) > 0 and boxes < 1e-2 and scores < 1e-4 and unmatched == 0
+
+
+def test_a_broken_export_fails_the_gate_in_one_sentence(trained, tmp_path, monkeypatch, capsys):
+    """A weight corrupted in the written file (as a bad conversion would) fails the raw check and the gate; the
+    gate's sentence names the file, the format, both figures and what to try."""
+    weights = tmp_path / "best.pt"
+    weights.write_bytes(trained.read_bytes())
+    write = export.export_onnx
+
+    def corrupted(module, x, path, args, metadata):
+        write(module, x, path, args, metadata)
+        import onnx
+        from onnx import numpy_helper
+
+        graph = onnx.load(str(path))
+        for init in graph.graph.initializer:  # the class convolutions of the first level: scores go wrong
+            if init.name.startswith("head.cls.0.2"):
+                init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 0 + 0.05, init.name))
+        onnx.save(graph, str(path))
+
+    monkeypatch.setattr(export, "export_onnx", corrupted)
+    with pytest.raises(SystemExit) as exit_info:
+        export.main(["--weights", str(weights), "--onnx", "--runs", "1"])
+    lines = str(exit_info.value.code).splitlines()
+    gate = [line for line in lines if "--max-map-drop" in line]
+    assert len(gate) == 1 and re.fullmatch(
+        r"error: best\.onnx \(ONNX Runtime fp32\) scores mAP50-95 0\.\d{4} against the checkpoint's 0\.\d{4} on 8 "
+        r"val images, a drop of 0\.\d{4} > --max-map-drop 0\.002: the export is broken: .*",
+        gate[0],
+    ), lines
+    assert any("disagree" in line for line in lines)
+
+
+def test_int8_gate_fails_with_its_advice(trained, tmp_path):
+    """--max-map-drop below any drop the INT8 file can have: the sentence says what to try for INT8."""
+    weights = tmp_path / "best.pt"
+    weights.write_bytes(trained.read_bytes())
+    with pytest.raises(SystemExit) as exit_info:
+        export.main(
+            ["--weights", str(weights), "--onnx", "--int8", "--runs", "1", "--calib-images", "4"]
+            + ["--max-map-drop", "-1", "--val-images", "3"]
+        )
+    message = str(exit_info.value.code)
+    assert "\n" not in message and message.startswith("error: best_int8.onnx (ONNX Runtime int8) scores mAP50-95 ")
+    assert "on 3 val images" in message and message.endswith(
+        "export without --int8, or calibrate on more images (--calib-images)"
+    )
+
+
+def test_missing_openvino_is_one_sentence(trained, benchmark, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino now raises ImportError
+    with pytest.raises(SystemExit) as exit_info:
+        export.main(["--weights", str(trained), "--openvino"])
+    assert str(exit_info.value.code) == (
+        "error: --openvino needs OpenVINO (pip install openvino, or pip install -r requirements-dev.txt), "
+        "which is not installed"
+    )
+    with pytest.raises(CheckpointError, match=r"^\S+best_openvino_model \(an OpenVINO model\) needs OpenVINO"):
+        load(benchmark[0] / "best_openvino_model")
