@@ -97,7 +97,7 @@ parser = argparse.ArgumentParser(
 )
 add = parser.add_argument
 add("--data", default="data/shapes.yaml", help="dataset yaml")
-add("--model", default="n", help="YOLOv8 n, s, m, l, x; YOLO11 11n .. 11x; or a .pt (ours or Ultralytics'): its model")
+add("--model", default="n", help="YOLOv8 n .. x; YOLO11 11n .. 11x; YOLO26 26n .. 26x; or a .pt (ours or Ultralytics')")
 add("--weights", default="", help="initialise from this .pt, ours or Ultralytics' (tensors that match)")
 add("--epochs", type=int, default=100)
 add("--batch", type=int, default=16, help="total batch size over all GPUs; -1: from the free GPU memory (one GPU)")

@@ -13,7 +13,7 @@ from utils.loss import DetectionLoss
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-@pytest.mark.parametrize("scale", list(SCALES))
+@pytest.mark.parametrize("scale", [s for s in SCALES if not s.startswith("26")])
 def test_output_shapes_every_scale_and_non_square_input(scale):
     model = YOLO(scale, nc=7)
     x = torch.rand(2, 3, 64, 96)
@@ -28,15 +28,49 @@ def test_output_shapes_every_scale_and_non_square_input(scale):
     assert (boxes[..., 2] >= boxes[..., 0]).all() and (boxes[..., 3] >= boxes[..., 1]).all()
 
 
+def test_yolo26_trains_two_heads_without_dfl_and_answers_final_detections():
+    model = YOLO("26n", nc=7)
+    x = torch.rand(2, 3, 64, 96)
+    maps = model.train()(x)
+    shapes = [(2, 4 + 7, 8, 12), (2, 4 + 7, 4, 6), (2, 4 + 7, 2, 3)]  # 4 distances, no DFL bins
+    for branch in ("one2many", "one2one"):
+        assert [tuple(m.shape) for m in maps[branch]] == shapes
+    # the one-to-one branch sees detached features: its loss leaves the network to the one-to-many branch
+    maps["one2one"][0].sum().backward()
+    assert model.stem.conv.weight.grad is None and model.head.one2one_box[0][0].conv.weight.grad is not None
+    model.eval()
+    with torch.no_grad():
+        out = model(x)
+    assert model.end2end and out.shape == (2, 8 * 12 + 4 * 6 + 2 * 3, 6)  # fewer anchors than 300: all of them
+    assert (out[..., 4] >= 0).all() and (out[..., 4] <= 1).all() and (out[..., 4].diff(dim=1) <= 0).all()
+    assert ((out[..., 5] >= 0) & (out[..., 5] < 7) & (out[..., 5] == out[..., 5].round())).all()
+    with torch.no_grad():
+        assert model(torch.rand(1, 3, 160, 160)).shape == (1, 300, 6)  # 525 anchors: the best 300
+
+
+def test_yolo26_detections_are_the_best_anchor_class_pairs():
+    model = YOLO("26n", nc=3).eval()
+    model.head.max_det = 4
+    decoded = torch.zeros(1, 6, 4 + 3)
+    decoded[0, :, :4] = torch.arange(6.0)[:, None]  # anchor i's box is (i, i, i, i)
+    decoded[0, :, 4:] = torch.tensor([[0.1, 0.0, 0], [0.9, 0.8, 0], [0, 0, 0.3], [0.2, 0, 0], [0, 0.7, 0], [0, 0, 0]])
+    out = model.head.top_detections(decoded)[0]
+    # the 4 anchors with the best top score are 1, 4, 2, 3; their 4 best (anchor, class) pairs, one anchor twice
+    assert out[:, 4].tolist() == pytest.approx([0.9, 0.8, 0.7, 0.3])
+    assert out[:, 5].tolist() == [0, 1, 1, 2] and out[:, 0].tolist() == [1, 1, 4, 2]
+
+
 def test_every_model_has_the_parameter_count_ultralytics_publishes():
     # The summaries in Ultralytics' yolov8.yaml and yolo11.yaml (80 classes), less the 16 fixed weights of its
     # DFL layer, which our head holds as a constant: same count, same layers (their checkpoints load strictly).
     published = {"n": 3157200, "s": 11166560, "m": 25902640, "l": 43691520, "x": 68229648}
     published |= {"11n": 2624080, "11s": 9458752, "11m": 20114688, "11l": 25372160, "11x": 56966176}
-    for scale, count in published.items():
+    # yolo26.yaml's summaries: no DFL layer, both heads (one-to-many and one-to-one) counted
+    yolo26 = {"26n": 2572280, "26s": 10009784, "26m": 21896248, "26l": 26299704, "26x": 58993368}
+    for scale, count in (published | yolo26).items():
         with torch.device("meta"):  # shapes only: no memory, no time
             model = YOLO(scale, nc=80)
-        assert count_parameters(model) == count - 16, scale
+        assert count_parameters(model) == count - 16 * (scale not in yolo26), scale
 
 
 def test_n_model_is_in_the_size_class_users_know():
