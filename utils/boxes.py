@@ -100,15 +100,25 @@ def scale_boxes_to_original(boxes, ratio, pad, original_shape):
 
 
 def non_max_suppression(
-    predictions, conf=0.25, iou=0.7, classes=None, max_det=300, multi_label=False, max_candidates=30000
+    predictions, conf=0.25, iou=0.7, classes=None, max_det=300, multi_label=False, max_candidates=30000, end2end=False
 ):
     """Per image: confidence threshold, class-aware NMS, at most max_det boxes.
 
     predictions: (batch, anchors, 4 + nc) as the model returns in eval mode.
     Returns a list (one per image) of (n, 6) tensors: x1 y1 x2 y2 score class.
     multi_label: one box may be kept for several classes (better mAP; use it for validation).
+    end2end: the predictions are final detections (batch, k, 6), best first, as YOLO26 (model.end2end) and a graph
+    exported with NMS inside give them: only conf, classes and max_det apply, no NMS.
     There is deliberately no time limit: a limit that silently drops images corrupts mAP.
     """
+    if end2end:
+        output = []
+        for pred in predictions:
+            keep = pred[:, 4] > conf
+            if classes is not None:
+                keep &= torch.isin(pred[:, 5].long(), torch.as_tensor(classes, device=pred.device))
+            output.append(pred[keep][:max_det])
+        return output
     output = []
     for pred in predictions:
         boxes, scores = pred[:, :4], pred[:, 4:]

@@ -30,6 +30,7 @@ def predict_dataset(model, loader, device, conf=0.001, iou=0.7, max_det=300, hal
     # fp16 after val.py --half; fp32 weights (the EMA in training) run in autocast
     dtype = next(model.parameters()).dtype
     results, seconds, images = {}, np.zeros(3), 0
+    end2end = getattr(model, "end2end", False)
     loss_sum, batches = torch.zeros(3, device=device), 0
     if loss_fn is not None:
         model.head.return_maps = True
@@ -39,8 +40,8 @@ def predict_dataset(model, loader, device, conf=0.001, iou=0.7, max_det=300, hal
             if loss_fn is not None:  # summed on the device, read once at the end
                 loss_sum += loss_fn(maps, targets)[1]
                 batches += 1
-            nms = functools.partial(
-                non_max_suppression, predictions.float(), conf, iou, max_det=max_det, multi_label=True
+            nms = functools.partial(  # YOLO26 (end2end): its detections are final, no NMS
+                non_max_suppression, predictions.float(), conf, iou, max_det=max_det, multi_label=True, end2end=end2end
             )
             detections = timed(device, seconds, 2, nms)
             images += len(batch)

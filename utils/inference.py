@@ -5,9 +5,10 @@ exported file carries so that nothing else is needed to run it.
 A loaded model is a plain dict:
 
     run(x)   x: (n, 3, h, w) float32 RGB 0..1 tensor -> float32 tensor, either the raw predictions
-             (n, anchors, 4 + nc) or, for a graph exported with NMS inside, (n, max_det, 6)
+             (n, anchors, 4 + nc) or, for a graph exported with NMS inside or an end-to-end model (YOLO26),
+             (n, max_det, 6)
     names, imgsz (h, w), stride, batch (None = any), dynamic (any h, w), half, backend, device,
-    nms (None, or the {"conf", "iou", "max_det"} baked into the graph)
+    nms (None, or the {"conf", "iou", "max_det"} baked into the graph), end2end (final detections, no NMS)
 
 PyTorch checkpoints are built by the scripts (utils never imports models/) and wrapped here with
 `from_pytorch`; exported files are opened with `load_exported`.
@@ -38,16 +39,10 @@ def preprocess(img_rgb, imgsz):
 
 
 def postprocess(output, model, conf=0.25, iou=0.7, classes=None, max_det=300):
-    """Model output -> list (one per image) of (k, 6) tensors x1 y1 x2 y2 score class, input pixels."""
-    if model["nms"] is None:
-        return non_max_suppression(output, conf, iou, classes, max_det)
-    detections = []
-    for d in output:  # NMS already ran in the graph; the padding rows have score 0
-        d = d[d[:, 4] > conf]
-        if classes is not None:
-            d = d[torch.isin(d[:, 5].long(), torch.as_tensor(classes, device=d.device))]
-        detections.append(d[:max_det])
-    return detections
+    """Model output -> list (one per image) of (k, 6) tensors x1 y1 x2 y2 score class, input pixels.
+    NMS-free for output that is already final (NMS inside the exported graph, or an end-to-end model: YOLO26)."""
+    final = model["nms"] is not None or model.get("end2end", False)
+    return non_max_suppression(output, conf, iou, classes, max_det, end2end=final)
 
 
 def export_metadata(**values):
@@ -75,6 +70,7 @@ def from_pytorch(model, device, half=False):
         "dynamic": True,
         "half": half,
         "nms": None,
+        "end2end": model.end2end,
         "backend": "PyTorch",
         "device": device,
     }
@@ -102,7 +98,8 @@ def _parse_metadata(strings, path):
         meta = {k: json.loads(v) for k, v in strings.items()}
     except ValueError:
         raise CheckpointError(f"{path} has metadata that is not the JSON export.py writes") from None
-    return {**meta, "imgsz": tuple(meta["imgsz"]), "batch": None if meta["dynamic"] else meta["batch"]}
+    batch = None if meta["dynamic"] else meta["batch"]
+    return {**meta, "imgsz": tuple(meta["imgsz"]), "batch": batch, "end2end": meta.get("end2end", False)}
 
 
 def _load_onnx(path, device):

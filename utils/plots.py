@@ -330,7 +330,8 @@ def plot_val_batch(model, loader, names, out_dir, device, conf=0.25):
     images, targets, _ = next(iter(loader))
     model.eval()
     x = images.to(device).to(next(model.parameters()).dtype) / 255
-    predictions = [p.float().cpu() for p in non_max_suppression(model(x).float(), conf, 0.7)]
+    end2end = getattr(model, "end2end", False)  # YOLO26: final detections, no NMS
+    predictions = [p.float().cpu() for p in non_max_suppression(model(x).float(), conf, 0.7, end2end=end2end)]
     plot_batch(images, targets, names, Path(out_dir) / "val_batch0_labels.jpg")
     plot_batch(images, targets, names, Path(out_dir) / "val_batch0_pred.jpg", predictions=predictions, conf=conf)
 
