@@ -223,6 +223,7 @@ optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weig
 # fp16 only (bf16 has fp32's range); its scale goes into last.pt (pitfall T1: else a resume searches it again)
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
 loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl, tiny_box=args.tiny_box)
+loss_fn.epochs = args.epochs  # YOLO26's ProgLoss: the one-to-one branch's share grows with the epoch (set per epoch)
 
 # -----------------------------------------------------------------------------------------------
 # Loop state: what the loop carries from one step to the next. last.pt saves it (training_state, below) and a
@@ -374,6 +375,7 @@ def skip_step(cause, epoch, i, size):
 # The loop
 for epoch in range(start_epoch, args.epochs):
     model.train()
+    loss_fn.epoch = epoch  # ProgLoss (end-to-end heads): a pure function of the epoch, nothing to save for resume
     epoch_start = time.time()
     first = start_iteration if epoch == start_epoch else 0
     sums, window_sums = torch.zeros(3, device=device), torch.zeros(3, device=device)  # read once per optimizer step

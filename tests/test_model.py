@@ -8,7 +8,7 @@ from models.yolo import SCALES, YOLO, count_gflops, count_parameters
 from utils.assigner import assign_targets
 from utils.augment import letterbox
 from utils.boxes import make_anchors, non_max_suppression, scale_boxes_to_original
-from utils.loss import DetectionLoss
+from utils.loss import DetectionLoss, one_to_many_weight
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -199,6 +199,33 @@ def test_loss_is_finite_and_falls_when_overfitting_one_batch():
     assert np.mean(history[-5:]) < 0.5 * np.mean(history[:5])
     loss, parts = loss_fn(model(images), empty)  # a batch of background images only
     assert torch.isfinite(loss) and parts[0] == 0 and parts[2] == 0
+
+
+def test_yolo26_loss_one_positive_per_object_progressive_weight_and_it_learns():
+    assert [round(one_to_many_weight(e, 8), 4) for e in (0, 4, 7, 9)] == [0.8, 0.4, 0.1, 0.1]  # linear, then held
+    _, (_, _, fg, assigned) = _assign([[(0, 4, 4, 40, 40), (1, 30, 20, 60, 60)]], keep=1)
+    assert fg.sum() == 2 and sorted(assigned[fg].tolist()) == [0, 1]  # the one-to-one rule: one anchor per box
+    torch.manual_seed(0)
+    model = YOLO("26n", nc=3).train()
+    loss_fn = DetectionLoss(model.head)
+    loss_fn.epochs = 10
+    images = torch.rand(2, 3, 64, 64)
+    targets = torch.tensor([[0, 0, 8, 8, 40, 36], [0, 2, 30, 30, 60, 62], [1, 1, 4, 20, 24, 44]])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    history = []
+    for _ in range(25):
+        loss, parts = loss_fn(model(images), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        history.append(loss.item())
+    assert np.mean(history[-5:]) < 0.5 * np.mean(history[:5]) and parts.shape == (3,)
+    maps = model(images)
+    loss_fn.epoch = 9  # the last epoch: 0.1 one-to-many, 0.9 one-to-one
+    late = loss_fn(maps, targets)[0]
+    one2one = loss_fn.fp32_loss(maps["one2one"], targets.float(), topk=7, keep=1)[0]
+    one2many = loss_fn.fp32_loss(maps["one2many"], targets.float())[0]
+    assert torch.allclose(late, 0.1 * one2many + 0.9 * one2one)
 
 
 def test_loss_is_normalised_per_image_and_per_box():

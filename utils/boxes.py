@@ -47,10 +47,12 @@ def distances_to_boxes(distances, anchors):
     return torch.cat((anchors - lt, anchors + rb), -1)
 
 
-def boxes_to_distances(boxes, anchors, max_distance):
-    """xyxy -> (left, top, right, bottom) distances, clipped just below the last DFL bin."""
+def boxes_to_distances(boxes, anchors, max_distance=None):
+    """xyxy -> (left, top, right, bottom) distances, clipped just below the last DFL bin (max_distance: reg_max - 1;
+    None, without DFL: as they are)."""
     x1y1, x2y2 = boxes.chunk(2, -1)
-    return torch.cat((anchors - x1y1, x2y2 - anchors), -1).clamp_(0, max_distance - 0.01)
+    distances = torch.cat((anchors - x1y1, x2y2 - anchors), -1)
+    return distances if max_distance is None else distances.clamp_(0, max_distance - 0.01)
 
 
 def complete_iou_loss(boxes1, boxes2, eps=1e-7):
