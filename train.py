@@ -62,7 +62,7 @@ from utils.settings import apply_dataset_defaults, default_workers, explicit_fla
 # -----------------------------------------------------------------------------------------------
 # Hyperparameters (each is also a flag: --lr0 0.02, --close-mosaic 5, ...)
 HYP = dict(
-    optimizer="auto",  # sgd | adamw | auto = adamw for runs under 10k iterations, sgd otherwise
+    optimizer="auto",  # sgd | adamw | musgd (YOLO26's) | auto = adamw for runs under 10k iterations, sgd otherwise
     lr0=0.0,  # initial learning rate; 0 = the optimizer's usual value (sgd 0.01, adamw 0.002)
     lrf=0.01,  # final learning rate = lr0 * lrf
     schedule="linear",  # linear | cosine decay after warmup
@@ -198,7 +198,9 @@ weight_decay = args.weight_decay * args.batch * accumulate / args.nominal_batch
 # max(batch, nominal_batch)), this counts batches: SGD from 4x shorter runs at batch 16 (unmeasured; see RESULTS.md)
 if args.optimizer == "auto":
     args.optimizer = "adamw" if args.epochs * -(-len(train_records) // args.batch) < 10_000 else "sgd"
-args.lr0 = args.lr0 or {"sgd": 0.01, "adamw": 0.002}[args.optimizer]
+if args.optimizer not in ("sgd", "adamw", "musgd"):
+    sys.exit(f"--optimizer {args.optimizer}: give sgd, adamw, musgd or auto")
+args.lr0 = args.lr0 or {"sgd": 0.01, "adamw": 0.002, "musgd": 0.01}[args.optimizer]
 if is_main:  # every setting as this run resolved it: flags, dataset defaults, optimizer choice
     (run_dir / "args.yaml").write_text(yaml.safe_dump(vars(args), sort_keys=False))
 

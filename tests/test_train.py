@@ -133,8 +133,9 @@ def test_accumulation_windows_ramp_over_the_warmup_and_partition_each_epoch():
     assert accumulation_windows(2, 50, 4, 120, ramp=True) == epochs[2]  # a pure function: resume sees the same
 
 
-@pytest.mark.parametrize("model", ["n", "26n"])  # 26n: two heads, ProgLoss by epoch, no DFL
-def test_killed_run_resumes_to_bitwise_identical_weights(tiny_data, tmp_path, model):
+# 26n: two heads, ProgLoss by epoch, no DFL; with MuSGD, whose two momentum buffers per conv weight last.pt keeps
+@pytest.mark.parametrize("model, optimizer", [("n", "auto"), ("26n", "musgd")])
+def test_killed_run_resumes_to_bitwise_identical_weights(tiny_data, tmp_path, model, optimizer):
     common = [
         "--data",
         tiny_data,
@@ -151,6 +152,7 @@ def test_killed_run_resumes_to_bitwise_identical_weights(tiny_data, tmp_path, mo
     ]
     common[common.index("--workers") + 1] = "2"  # real worker processes: the data must not depend on them
     common[common.index("--model") + 1] = model
+    common += ["--optimizer", optimizer]
     run([*common, "--out", tmp_path / "straight"])
 
     # Start the same run, SIGKILL it after its second mid-run save, resume it.
