@@ -75,13 +75,23 @@ class DetectionLoss:
         device = (maps["one2many"] if isinstance(maps, dict) else maps)[0].device
         with torch.autocast(device.type, enabled=False):  # fp32 even when called inside autocast
             if not isinstance(maps, dict):
-                return self.fp32_loss([m.float() for m in maps], targets.float())
-            one2many = self.fp32_loss([m.float() for m in maps["one2many"]], targets.float())
-            one2one = self.fp32_loss([m.float() for m in maps["one2one"]], targets.float(), topk=7, keep=1)
+                return self.fp32_loss([m.float() for m in maps], self.padded(targets, maps[0]))
+            padded = self.padded(targets, maps["one2many"][0])  # once for both branches: one host read
+            one2many = self.fp32_loss([m.float() for m in maps["one2many"]], padded)
+            one2one = self.fp32_loss([m.float() for m in maps["one2one"]], padded, topk=7, keep=1)
             weight = one_to_many_weight(self.epoch, self.epochs)
             return one2many[0] * weight + one2one[0] * (1 - weight), one2one[1]
 
-    def fp32_loss(self, maps, targets, topk=None, keep=None):
+    @staticmethod
+    def padded(targets, like):
+        """pad_targets of the batch, fp32, on the maps' device (`like`), for fp32_loss."""
+        if targets.device.type != "cpu":
+            targets = targets.cpu()  # the one wait for the GPU: padding needs the largest box count on the host
+        # train.py keeps the targets on the host: padded there, they reach the GPU without a sync
+        return tuple(t.to(like.device, non_blocking=True) for t in pad_targets(targets.float(), like.shape[0]))
+
+    def fp32_loss(self, maps, padded, topk=None, keep=None):
+        """One branch's (total, parts); padded: (gt, gt_mask) from DetectionLoss.padded."""
         b = maps[0].shape[0]
         topk = topk or self.topk
         flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)  # b, A, 4*reg_max + nc
@@ -92,10 +102,7 @@ class DetectionLoss:
         pred_distances = dfl_decode(pred_distri, bins) if self.reg_max > 1 else pred_distri
         pred_boxes = distances_to_boxes(pred_distances, anchors)  # grid units
 
-        if targets.device.type != "cpu":
-            targets = targets.cpu()  # the one wait for the GPU: padding needs the largest box count on the host
-        # train.py keeps the targets on the host: padded there, they reach the GPU without a sync
-        gt, gt_mask = (t.to(flat.device, non_blocking=True) for t in pad_targets(targets, b))
+        gt, gt_mask = padded
         assignment_inputs = (
             pred_logits.detach().sigmoid(),
             pred_boxes.detach() * strides,
@@ -113,7 +120,9 @@ class DetectionLoss:
             if flat.device.type == "cuda":
                 torch.cuda.empty_cache()
             self.assignments_on_cpu += 1
-            log.warning(f"out of memory in the label assignment ({len(targets)} boxes in the batch): redone on the CPU")
+            log.warning(
+                f"out of memory in the label assignment ({int(gt_mask.sum())} boxes in the batch): redone on the CPU"
+            )
             assigned = assign_targets(*assignment_inputs, **settings, device="cpu")
         target_boxes, target_scores, fg, _ = assigned
         score_sum = target_scores.sum().clamp(min=1)
