@@ -20,6 +20,8 @@ Outputs of the exported model (input "images": (batch, 3, h, w), RGB, float, 0..
                  probability of each class (the same tensor the PyTorch model returns in eval mode).
                  float32 also with --half: only the weights, the input and the network run in fp16,
                  the boxes are decoded in fp32 (fp16 pixel coordinates would be up to 0.5 px off).
+  YOLO26         "output": (batch, 300, 6) = x1 y1 x2 y2 score class, best first: its one-to-one head's final
+  (end-to-end)   detections, no NMS in or after the graph (--nms is refused); metadata end2end: true.
   with --nms     "detections": (batch, max_det, 6) = x1 y1 x2 y2 score class, best first, rows after
                  the last detection are zeros; "count": (batch,) int64, the number of real rows.
                  NMS is class-aware, one class per box (its best), with --conf, --iou and --max-det
@@ -205,7 +207,7 @@ def export_onnx(module, x, path, args, metadata):
     if args.dynamic:
         dynamic_axes = {
             "images": {0: "batch", 2: "height", 3: "width"},
-            names_out[0]: {0: "batch"} if args.nms else {0: "batch", 1: "anchors"},
+            names_out[0]: {0: "batch"} if args.nms or args.end2end else {0: "batch", 1: "anchors"},
         }
         if args.nms:
             dynamic_axes["count"] = {0: "batch"}
@@ -265,7 +267,8 @@ def export_torchscript(module, x, path, args, metadata):
     input_shape = list(x.shape)
     if args.dynamic:  # name the dimensions that vary, as the ONNX graph does
         input_shape = ["batch", 3, "height", "width"]
-        outputs = [["batch", *o[1:]] for o in outputs] if args.nms else [["batch", "anchors", outputs[0][2]]]
+        per_anchor = not (args.nms or args.end2end)
+        outputs = [["batch", "anchors", outputs[0][2]]] if per_anchor else [["batch", *o[1:]] for o in outputs]
     names_out = ["detections", "count"] if args.nms else ["output"]
     metadata.update(input_names=["images"], output_names=names_out, input_shapes=[input_shape], output_shapes=outputs)
     with warnings.catch_warnings():  # torch.jit is deprecated in favour of torch.export, yet still the portable format
@@ -369,13 +372,17 @@ def check(path, model, module, x, args, tolerance, torch_ms, parity="raw"):
     raw = (raw[0] if args.nms else raw).float()
     theirs = exported["run"](x).to(raw.device)
     settings = dict(conf=args.conf, iou=args.iou, max_det=args.max_det)
-    reference = non_max_suppression(model(x).float(), **settings)
+    reference = non_max_suppression(model(x).float(), **settings, end2end=model.end2end)
     detections = postprocess(theirs, exported, **settings)
     compared = [compare_detections(a, b, args.conf) for a, b in zip(reference, detections)]
     box_difference, score_difference = max(c[0] for c in compared), max(c[1] for c in compared)
     unmatched = sum(c[2] for c in compared)
-    # With NMS in the graph the raw output is the detections, whose rows may swap on equal scores.
+    # With NMS in the graph the raw output is the detections, whose rows may swap on equal scores; so are an
+    # end-to-end model's (YOLO26): its scores, sorted, must agree, and the detections are matched below.
     raw_difference = "n/a (NMS inside)" if args.nms else f"{(theirs - raw).abs().max().item():.2e}"
+    if args.end2end:
+        theirs, raw = theirs[..., 4], raw[..., 4]
+        raw_difference = f"{(theirs - raw).abs().max().item():.2e} (scores, best first)"
     raw_ok = args.nms or torch.allclose(theirs, raw, rtol=tolerance, atol=tolerance)
     # Boxes are not held to a tolerance here: among overlapping boxes with tied scores, NMS may
     # legitimately keep another one (see compare_detections); the raw check covers box values.
@@ -521,6 +528,9 @@ def main(argv=None):
         network, train_args = load_model(weights)  # fused: no training-only parts in the graph
     except CheckpointError as e:
         sys.exit(f"error: {e}")
+    args.end2end = network.end2end  # YOLO26: the graph's output is the final detections
+    if args.nms and network.end2end:
+        sys.exit(f"error: --nms: {weights} is an end-to-end model (YOLO26) whose output needs no NMS; leave --nms out")
     imgsz = args.imgsz * 2 if len(args.imgsz) == 1 else args.imgsz[:2]
     imgsz = [s or network.imgsz for s in imgsz]
     stride = max(network.head.strides)
@@ -552,7 +562,7 @@ def main(argv=None):
         batch=args.batch,
         dynamic=args.dynamic,
         nms=dict(conf=args.conf, iou=args.iou, max_det=args.max_det) if args.nms else None,
-        end2end=bool(getattr(network, "end2end", False)),
+        end2end=network.end2end,
         data=str(args.data or train_args.get("data") or "") or None,
         single_cls=bool(train_args.get("single_cls", False)),
     )

@@ -62,7 +62,7 @@ from utils.settings import apply_dataset_defaults, default_workers, explicit_fla
 # -----------------------------------------------------------------------------------------------
 # Hyperparameters (each is also a flag: --lr0 0.02, --close-mosaic 5, ...)
 HYP = dict(
-    optimizer="auto",  # sgd | adamw | auto = adamw for runs under 10k iterations, sgd otherwise
+    optimizer="auto",  # sgd | adamw | musgd (YOLO26's) | auto = adamw for runs under 10k iterations, sgd otherwise
     lr0=0.0,  # initial learning rate; 0 = the optimizer's usual value (sgd 0.01, adamw 0.002)
     lrf=0.01,  # final learning rate = lr0 * lrf
     schedule="linear",  # linear | cosine decay after warmup
@@ -98,7 +98,7 @@ parser = argparse.ArgumentParser(
 )
 add = parser.add_argument
 add("--data", default="data/shapes.yaml", help="dataset yaml")
-add("--model", default="n", help="YOLOv8 n, s, m, l, x; YOLO11 11n .. 11x; or a .pt (ours or Ultralytics'): its model")
+add("--model", default="n", help="YOLOv8 n .. x; YOLO11 11n .. 11x; YOLO26 26n .. 26x; or a .pt (ours or Ultralytics')")
 add("--weights", default="", help="initialise from this .pt, ours or Ultralytics' (tensors that match)")
 add("--epochs", type=int, default=100)
 add("--batch", type=int, default=16, help="total batch size over all GPUs; -1: from the free GPU memory (one GPU)")
@@ -206,7 +206,9 @@ weight_decay = args.weight_decay * args.batch * accumulate / args.nominal_batch
 # max(batch, nominal_batch)), this counts batches: SGD from 4x shorter runs at batch 16 (unmeasured; see RESULTS.md)
 if args.optimizer == "auto":
     args.optimizer = "adamw" if args.epochs * -(-len(train_records) // args.batch) < 10_000 else "sgd"
-args.lr0 = args.lr0 or {"sgd": 0.01, "adamw": 0.002}[args.optimizer]
+if args.optimizer not in ("sgd", "adamw", "musgd"):
+    sys.exit(f"--optimizer {args.optimizer}: give sgd, adamw, musgd or auto")
+args.lr0 = args.lr0 or {"sgd": 0.01, "adamw": 0.002, "musgd": 0.01}[args.optimizer]
 if is_main:  # every setting as this run resolved it: flags, dataset defaults, optimizer choice
     (run_dir / "args.yaml").write_text(yaml.safe_dump(vars(args), sort_keys=False))
 
@@ -231,6 +233,7 @@ optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weig
 # fp16 only (bf16 has fp32's range); its scale goes into last.pt (pitfall T1: else a resume searches it again)
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
 loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl, tiny_box=args.tiny_box, class_weights=class_weights)
+loss_fn.epochs = args.epochs  # YOLO26's ProgLoss: the one-to-one branch's share grows with the epoch (set per epoch)
 
 # -----------------------------------------------------------------------------------------------
 # Loop state: what the loop carries from one step to the next. last.pt saves it (training_state, below) and a
@@ -385,6 +388,7 @@ def skip_step(cause, epoch, i, size):
 # The loop
 for epoch in range(start_epoch, args.epochs):
     model.train()
+    loss_fn.epoch = epoch  # ProgLoss (end-to-end heads): a pure function of the epoch, nothing to save for resume
     epoch_start = time.time()
     first = start_iteration if epoch == start_epoch else 0
     sums, window_sums = torch.zeros(3, device=device), torch.zeros(3, device=device)  # read once per optimizer step

@@ -10,8 +10,9 @@ bench/ultralytics_shapes.py), from the repository root; this repo's side runs in
         --data data/shapes.yaml --imgsz 256 --out runs/equality
 
 Per checkpoint it prints and writes to OUT/equality.json:
-- raw: the largest absolute difference of the eval-mode outputs (boxes in input pixels, class probabilities)
-  on a fixed random batch, fp32, unfused model in both repos;
+- raw: the largest absolute difference of the head's maps before decoding and of the eval-mode outputs (boxes in
+  input pixels, class probabilities; YOLO26: both branches' maps, and the final detections of the one-to-one head,
+  which Ultralytics gives with `end2end = True`, its `nms=False`) on a fixed random batch, fp32, unfused model;
 - detect: detect.py against Ultralytics' predict on the first --images val images (square letterbox on both
   sides, conf 0.25, IoU 0.7): boxes per side, boxes matched one to one, the largest corner difference in pixels;
 - val: mAP50-95 / mAP50 of val.py against Ultralytics' validator on the val split (conf 0.001, IoU 0.7), both
@@ -31,22 +32,23 @@ REPO = Path(__file__).resolve().parents[1]
 
 def ours_raw(weights, inputs, out):
     """This repo's side of the raw comparison (run in this repo's environment): the head's maps before
-    decoding (box distributions, class logits) and the decoded output, as model_from_checkpoint returns the
-    model (channels_last) and in the default memory layout."""
+    decoding (box distributions, class logits; YOLO26: of both branches, one-to-many then one-to-one) and the
+    model's output (YOLO26: its final detections), as model_from_checkpoint returns the model (channels_last)
+    and in the default memory layout."""
     sys.path.insert(0, str(REPO))
     import torch
 
     from models.yolo import model_from_checkpoint
 
     model, x, result = model_from_checkpoint(weights).float(), torch.load(inputs, weights_only=True), {}
+    model.head.return_maps = True
     for layout in ("channels_last", "contiguous"):
         if layout == "contiguous":
             model.to(memory_format=torch.contiguous_format)
         with torch.no_grad():
-            result[f"decoded_{layout}"] = model(x)
-            model.head.decode = lambda maps: torch.cat([m.flatten(2) for m in maps], 2)  # the maps, undecoded
-            result[f"raw_{layout}"] = model(x)
-            del model.head.decode  # back to the class's method
+            result[f"decoded_{layout}"], maps = model(x)
+        branches = [maps["one2many"], maps["one2one"]] if model.end2end else [maps]
+        result[f"raw_{layout}"] = torch.cat([torch.cat([m.flatten(2) for m in b], 2) for b in branches], 1)
     torch.save(result, out)
 
 
@@ -107,11 +109,15 @@ def main():
         x = torch.rand(2, 3, args.imgsz, args.imgsz, generator=torch.Generator().manual_seed(0))
         torch.save(x, work / "inputs.pt")
         theirs_model = YOLO(weights).model.float().eval()
+        end2end = getattr(theirs_model.model[-1], "one2one_cv2", None) is not None  # YOLO26
+        theirs_model.end2end = end2end  # its one-to-one head's final detections, as ours gives them
         with torch.no_grad():
             decoded, raw = theirs_model(x)  # eval: (decoded, {"boxes", "scores"} before decoding)
-        theirs_raw = torch.cat((raw["boxes"], raw["scores"]), 1)
-        decoded = decoded.transpose(1, 2)
-        decoded = torch.cat((xywh2xyxy(decoded[..., :4]), decoded[..., 4:]), 2)
+        branches = [raw["one2many"], raw["one2one"]] if end2end else [raw]
+        theirs_raw = torch.cat([torch.cat((b["boxes"], b["scores"]), 1) for b in branches], 1)
+        if not end2end:  # per anchor, xywh -> xyxy; YOLO26's detections are already x1 y1 x2 y2 score class
+            decoded = decoded.transpose(1, 2)
+            decoded = torch.cat((xywh2xyxy(decoded[..., :4]), decoded[..., 4:]), 2)
         run([py, __file__, "--ours-raw", weights, work / "inputs.pt", work / "ours_raw.pt"])
         ours = torch.load(work / "ours_raw.pt", weights_only=True)
         row["raw_shape"] = list(theirs_raw.shape)
@@ -120,6 +126,11 @@ def main():
             row[f"raw_max_diff_{layout}"] = float((ours[f"raw_{layout}"] - theirs_raw).abs().max())
             row[f"decoded_max_diff_boxes_px_{layout}"] = float((out_ours[..., :4] - decoded[..., :4]).abs().max())
             row[f"decoded_max_diff_scores_{layout}"] = float((out_ours[..., 4:] - decoded[..., 4:]).abs().max())
+            if end2end:  # ranked detections: near-equal scores may swap rows, so the scores by rank, and the rows
+                # that hold the same box and class at the same rank
+                row[f"detections_max_diff_scores_by_rank_{layout}"] = float((out_ours - decoded)[..., 4].abs().max())
+                same = ((out_ours - decoded)[..., :4].abs().amax(-1) < 1e-2) & (out_ours[..., 5] == decoded[..., 5])
+                row[f"detections_same_rows_{layout}"] = f"{int(same.sum())}/{same.numel()}"
 
         # detect.py against predict(): square letterbox on both sides (rect=False), same thresholds
         listing = work / "images.txt"
@@ -129,8 +140,16 @@ def main():
             + ["--iou", "0.7", "--device", "cpu", "--save-json", "--out", work / "detect"]
         )
         ours_det = json.loads((work / "detect" / "predictions.json").read_text())
+        nms = False if end2end else None  # YOLO26: its NMS-free head (Ultralytics' default is the other one + NMS)
         results = YOLO(weights).predict(
-            [str(p) for p in val_images], imgsz=args.imgsz, conf=0.25, iou=0.7, rect=False, device="cpu", verbose=False
+            [str(p) for p in val_images],
+            imgsz=args.imgsz,
+            conf=0.25,
+            iou=0.7,
+            rect=False,
+            device="cpu",
+            verbose=False,
+            nms=nms,
         )
         n_ours = n_theirs = matched = 0
         unmatched = []  # (score, best IoU with a box of the same class from Ultralytics) of our unmatched boxes
@@ -184,6 +203,7 @@ def main():
             batch=32,
             conf=0.001,
             iou=0.7,
+            nms=nms,
             save_json=True,
             plots=False,
             device="cpu",

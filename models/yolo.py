@@ -1,14 +1,17 @@
-"""The detector: a CSP backbone with SPPF, a PAN neck and an anchor-free decoupled head with DFL.
+"""The detector: a CSP backbone with SPPF, a PAN neck and an anchor-free decoupled head (with DFL, or YOLO26's
+without DFL and with a one-to-one branch that needs no NMS).
 
 Written as plain modules, top to bottom, so that changing the network means editing this file:
 no model yaml, no registry. `YOLO(scale="n", nc=80)` builds one of the five sizes.
 
 Input: RGB, float, 0..1, shape (batch, 3, H, W) with H and W multiples of 32.
 Output in training: the raw maps of the three levels (what the loss needs).
-Output in eval:     (batch, anchors, 4 + nc) = x1 y1 x2 y2 in input pixels, then class scores in 0..1.
+Output in eval:     (batch, anchors, 4 + nc) = x1 y1 x2 y2 in input pixels, then class scores in 0..1;
+                    YOLO26 (model.end2end): (batch, 300, 6) = x1 y1 x2 y2 score class, final, best first (no NMS).
 """
 
 import contextlib
+import copy
 import math
 
 import torch
@@ -19,7 +22,7 @@ from utils.boxes import dfl_decode, distances_to_boxes, make_anchors
 from utils.checkpoint import FORMAT, CheckpointError, checkpoint_weights, load_checkpoint
 
 # model name: (depth multiple, width multiple, max channels), the values users of Ultralytics know.
-# n..x are YOLOv8 (this repo's models since its start), 11n..11x are YOLO11.
+# n..x are YOLOv8 (this repo's models since its start), 11n..11x are YOLO11, 26n..26x are YOLO26.
 SCALES = {
     "n": (0.33, 0.25, 1024),
     "s": (0.33, 0.50, 1024),
@@ -31,6 +34,11 @@ SCALES = {
     "11m": (0.50, 1.00, 512),
     "11l": (1.00, 1.00, 512),
     "11x": (1.00, 1.50, 512),
+    "26n": (0.50, 0.25, 1024),
+    "26s": (0.50, 0.50, 1024),
+    "26m": (0.50, 1.00, 512),
+    "26l": (1.00, 1.00, 512),
+    "26x": (1.00, 1.50, 512),
 }
 STRIDES = (8, 16, 32)
 
@@ -102,14 +110,19 @@ class C3k(nn.Module):
 
 
 class C3k2(C2f):
-    """YOLO11's C2f: each inner block is a C3k (the deep variant) or a bottleneck of half width."""
+    """YOLO11's C2f: each inner block is a C3k (the deep variant) or a bottleneck of half width.
+    attention (YOLO26's last neck block): each inner block is that bottleneck followed by a PSA block."""
 
-    def __init__(self, c_in, c_out, n=1, deep=False, expansion=0.5, shortcut=True):
+    def __init__(self, c_in, c_out, n=1, deep=False, expansion=0.5, shortcut=True, attention=False):
         super().__init__(c_in, c_out, n, shortcut, expansion)
         h = self.hidden
-        self.m = nn.ModuleList(
-            C3k(h, h, 2, shortcut) if deep else Bottleneck(h, h, shortcut, expansion=0.5) for _ in range(n)
-        )
+
+        def inner():
+            if attention:
+                return nn.Sequential(Bottleneck(h, h, shortcut, expansion=0.5), PSABlock(h, max(h // 64, 1)))
+            return C3k(h, h, 2, shortcut) if deep else Bottleneck(h, h, shortcut, expansion=0.5)
+
+        self.m = nn.ModuleList(inner() for _ in range(n))
 
 
 class Attention(nn.Module):
@@ -166,31 +179,40 @@ class C2PSA(nn.Module):
 
 
 class SPPF(nn.Module):
-    """Spatial pyramid pooling, fast: three chained 5x5 max-pools see 5, 9 and 13 pixel windows."""
+    """Spatial pyramid pooling, fast: three chained 5x5 max-pools see 5, 9 and 13 pixel windows.
+    residual (YOLO26): the first 1x1 conv is linear (no activation) and the input is added to the output."""
 
-    def __init__(self, c_in, c_out, k=5):
+    def __init__(self, c_in, c_out, k=5, residual=False):
         super().__init__()
         hidden = c_in // 2
-        self.cv1 = Conv(c_in, hidden, 1)
+        self.cv1 = Conv(c_in, hidden, 1, act=not residual)
         self.cv2 = Conv(hidden * 4, c_out, 1)
         self.pool = nn.MaxPool2d(k, 1, k // 2)
+        self.residual = residual and c_in == c_out
 
     def forward(self, x):
         y = [self.cv1(x)]
         for _ in range(3):
             y.append(self.pool(y[-1]))
-        return self.cv2(torch.cat(y, 1))
+        y = self.cv2(torch.cat(y, 1))
+        return x + y if self.residual else y
 
 
 class Detect(nn.Module):
     """Decoupled head: per level, one branch predicts box side distances as distributions over
     `reg_max` bins (DFL), the other class logits. Anchor-free: one prediction per grid cell.
     light_cls (YOLO11): the class branch's 3x3 convs are depthwise, each followed by a 1x1.
-    cls_width: the class branch's width; 0 = the usual rule, which grows it with the class count up to 100."""
+    cls_width: the class branch's width; 0 = the usual rule, which grows it with the class count up to 100.
+    reg_max=1 (YOLO26): no DFL, the box branch predicts the 4 distances directly.
+    end2end (YOLO26): a second copy of both branches, the one-to-one head, trained with one positive anchor per
+    object on features detached from the network (so its loss does not reshape them); in eval it alone answers,
+    and its top max_det (anchor, class) scores are the final detections: no NMS."""
 
-    def __init__(self, nc, channels, reg_max=16, light_cls=False, cls_width=0):
+    max_det = 300  # end2end: detections per image
+
+    def __init__(self, nc, channels, reg_max=16, light_cls=False, cls_width=0, end2end=False):
         super().__init__()
-        self.nc, self.reg_max = nc, reg_max
+        self.nc, self.reg_max, self.end2end = nc, reg_max, end2end
         self.strides = STRIDES
         box_hidden = max(16, channels[0] // 4, reg_max * 4)
         cls_hidden = cls_width or max(channels[0], min(nc, 100))
@@ -214,22 +236,34 @@ class Detect(nn.Module):
                 nn.Sequential(Conv(c, cls_hidden, 3), Conv(cls_hidden, cls_hidden, 3), nn.Conv2d(cls_hidden, nc, 1))
                 for c in channels
             )
+        if end2end:
+            self.one2one_box, self.one2one_cls = copy.deepcopy(self.box), copy.deepcopy(self.cls)
         self.register_buffer("bins", torch.arange(reg_max, dtype=torch.float32), persistent=False)
         self.init_biases()
 
     def init_biases(self, imgsz=640):
         # Start with a low object prior (~5 objects per image) so early class loss is not swamped by negatives.
-        for box, cls, s in zip(self.box, self.cls, self.strides):
-            nn.init.constant_(box[-1].bias, 1.0)
-            nn.init.constant_(cls[-1].bias, math.log(5 / self.nc / (imgsz / s) ** 2))
+        # Box: equal DFL logits whatever the value; without DFL, boxes 2 cells from the anchor on each side.
+        branches = [(self.box, self.cls)] + ([(self.one2one_box, self.one2one_cls)] if self.end2end else [])
+        for boxes, classes in branches:
+            for box, cls, s in zip(boxes, classes, self.strides):
+                nn.init.constant_(box[-1].bias, 1.0 if self.reg_max > 1 else 2.0)
+                nn.init.constant_(cls[-1].bias, math.log(5 / self.nc / (imgsz / s) ** 2))
 
     return_maps = False  # eval mode: also return the raw maps (the per-epoch validation loss, no second forward)
 
     def forward(self, feats):
         maps = [torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(feats, self.box, self.cls)]
+        if self.end2end:
+            detached = [x.detach() for x in feats] if self.training else feats
+            one2one = [
+                torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(detached, self.one2one_box, self.one2one_cls)
+            ]
+            maps = {"one2many": maps, "one2one": one2one}
         if self.training:
             return maps
-        return (self.decode(maps), maps) if self.return_maps else self.decode(maps)
+        out = self.top_detections(self.decode(maps["one2one"])) if self.end2end else self.decode(maps)
+        return (out, maps) if self.return_maps else out
 
     def decode(self, maps):
         """Raw maps -> (batch, anchors, 4 + nc): xyxy boxes in input pixels and class probabilities.
@@ -241,8 +275,21 @@ class Detect(nn.Module):
             anchors, strides = make_anchors(maps, self.strides)
             flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2).float()  # batch, anchors, 4*reg_max + nc
             distri, logits = flat.split((4 * self.reg_max, self.nc), 2)
-            boxes = distances_to_boxes(dfl_decode(distri, self.bins), anchors) * strides
+            distances = dfl_decode(distri, self.bins) if self.reg_max > 1 else distri
+            boxes = distances_to_boxes(distances, anchors) * strides
             return torch.cat((boxes, logits.sigmoid()), 2)
+
+    def top_detections(self, decoded):
+        """(batch, anchors, 4 + nc) -> (batch, k, 6) x1 y1 x2 y2 score class, best first, k = min(max_det, anchors):
+        the k best (anchor, class) pairs among the k anchors with the best top class (as Ultralytics' end-to-end
+        head, so that its checkpoints give its detections); an anchor may appear once per class."""
+        boxes, scores = decoded.split((4, self.nc), 2)
+        k = min(self.max_det, scores.shape[1])
+        anchors = scores.amax(2).topk(k, 1).indices  # b, k
+        scores = scores.gather(1, anchors.unsqueeze(-1).expand(-1, -1, self.nc))  # b, k, nc
+        best, index = scores.flatten(1).topk(k, 1)  # b, k over the k x nc pairs
+        boxes = boxes.gather(1, anchors.gather(1, index // self.nc).unsqueeze(-1).expand(-1, -1, 4))
+        return torch.cat((boxes, best.unsqueeze(-1), (index % self.nc).unsqueeze(-1).to(boxes.dtype)), 2)
 
 
 @contextlib.contextmanager
@@ -268,10 +315,11 @@ def _width(c, width, max_channels):
 
 
 class YOLO(nn.Module):
-    """YOLOv8 (scales n..x) or YOLO11 (11n..11x). Layer sizes follow the usual tables: widths 64..1024 times
-    the scale's width multiple (capped), repeats times its depth multiple. Both families share one layout
-    (backbone, SPPF, FPN top-down, PAN bottom-up, head) and one forward; YOLO11 swaps C2f for C3k2, adds
-    the C2PSA attention stage after SPPF and widens the backbone's P2/P3 outputs.
+    """YOLOv8 (scales n..x), YOLO11 (11n..11x) or YOLO26 (26n..26x). Layer sizes follow the usual tables:
+    widths 64..1024 times the scale's width multiple (capped), repeats times its depth multiple. The families
+    share one layout (backbone, SPPF, FPN top-down, PAN bottom-up, head) and one forward; YOLO11 swaps C2f for
+    C3k2, adds the C2PSA attention stage after SPPF and widens the backbone's P2/P3 outputs; YOLO26 changes
+    YOLO11 as said where it is built, and its eval output is final detections, not per-anchor predictions.
     cls_width: see Detect; fine-tuning keeps the width of the weights it starts from (class_width), so that a
     checkpoint with another class count transfers all but the last class convolutions."""
 
@@ -285,22 +333,28 @@ class YOLO(nn.Module):
         self.checkpoint_activations = checkpoint_activations
         c1, c2, c3, c4, c5 = (_width(c, width, max_ch) for c in (64, 128, 256, 512, 1024))
         self.up = nn.Upsample(scale_factor=2, mode="nearest")
-        if scale.startswith("11"):
+        if scale[:2] in ("11", "26"):
+            # YOLO26 is YOLO11 with: deep (C3k) blocks in the whole neck at every scale, a residual SPPF, attention
+            # in the last neck block, and a head without DFL that adds the one-to-one (NMS-free) branch.
+            yolo26 = scale.startswith("26")
             n2 = max(round(2 * depth), 1)
             deep = scale[-1] in "mlx"  # m, l, x: C3k inner blocks in every C3k2
+            deep_neck = deep or yolo26
             # backbone
             self.stem = Conv(3, c1, 3, 2)  # P1/2
             self.down2, self.stage2 = Conv(c1, c2, 3, 2), C3k2(c2, c3, n2, deep, 0.25)  # P2/4
             self.down3, self.stage3 = Conv(c3, c3, 3, 2), C3k2(c3, c4, n2, deep, 0.25)  # P3/8
             self.down4, self.stage4 = Conv(c4, c4, 3, 2), C3k2(c4, c4, n2, True)  # P4/16
             self.down5, self.stage5 = Conv(c4, c5, 3, 2), C3k2(c5, c5, n2, True)  # P5/32
-            self.sppf, self.psa = SPPF(c5, c5), C2PSA(c5, n2)
+            self.sppf, self.psa = SPPF(c5, c5, residual=yolo26), C2PSA(c5, n2)
             # neck
-            self.top4 = C3k2(c5 + c4, c4, n2, deep)
-            self.top3 = C3k2(c4 + c4, c3, n2, deep)
-            self.down_p3, self.bottom4 = Conv(c3, c3, 3, 2), C3k2(c3 + c4, c4, n2, deep)
-            self.down_p4, self.bottom5 = Conv(c4, c4, 3, 2), C3k2(c4 + c5, c5, n2, True)
-            self.head = Detect(nc, (c3, c4, c5), light_cls=True, cls_width=cls_width)
+            self.top4 = C3k2(c5 + c4, c4, n2, deep_neck)
+            self.top3 = C3k2(c4 + c4, c3, n2, deep_neck)
+            self.down_p3, self.bottom4 = Conv(c3, c3, 3, 2), C3k2(c3 + c4, c4, n2, deep_neck)
+            self.down_p4 = Conv(c4, c4, 3, 2)
+            self.bottom5 = C3k2(c4 + c5, c5, 1, True, attention=True) if yolo26 else C3k2(c4 + c5, c5, n2, True)
+            reg_max = 1 if yolo26 else 16
+            self.head = Detect(nc, (c3, c4, c5), reg_max, light_cls=True, cls_width=cls_width, end2end=yolo26)
         else:
             n3, n6 = max(round(3 * depth), 1), max(round(6 * depth), 1)
             # backbone
@@ -316,6 +370,9 @@ class YOLO(nn.Module):
             self.down_p3, self.bottom4 = Conv(c3, c3, 3, 2), C2f(c3 + c4, c4, n3)
             self.down_p4, self.bottom5 = Conv(c4, c4, 3, 2), C2f(c4 + c5, c5, n3)
             self.head = Detect(nc, (c3, c4, c5), cls_width=cls_width)
+        # YOLO26: eval returns the final detections (batch, max_det, 6) of the one-to-one head; nothing downstream
+        # runs NMS on them (val.py, detect.py, export.py ask this attribute, exported files their metadata)
+        self.end2end = self.head.end2end
         for m in self.modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.eps, m.momentum = 1e-3, 0.03

@@ -23,7 +23,7 @@ import export
 from models.yolo import YOLO, model_from_checkpoint
 from utils.boxes import non_max_suppression
 from utils.checkpoint import FORMAT, save_checkpoint
-from utils.inference import compare_detections, load_exported, preprocess
+from utils.inference import compare_detections, load_exported, postprocess, preprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = 0.3
@@ -62,7 +62,7 @@ def make_checkpoint(path, imgsz=64, scale="n"):
     with torch.no_grad():  # at every size the tests use: the statistics of a 2x2 and a 4x3 map differ
         for k, (h, w) in enumerate([(imgsz, imgsz), (128, 96), (96, 128)]):
             model(batch_of(range(10 * k, 10 * k + 4), h, w))
-    for branch in model.head.cls:
+    for branch in [*model.head.cls, *getattr(model.head, "one2one_cls", [])]:
         torch.nn.init.constant_(branch[-1].bias, 0.0)
     save_checkpoint(
         {
@@ -138,6 +138,30 @@ def test_yolo11_with_its_attention_stage_exports_to_onnx(tmp_path):
         raw = pytorch_model(weights)(x)
     theirs = load_exported(weights.with_suffix(".onnx"))["run"](x)
     assert theirs.shape == raw.shape and torch.allclose(theirs, raw, rtol=1e-4, atol=1e-3)
+
+
+def test_yolo26_graph_outputs_its_final_detections_without_nms(tmp_path):
+    weights = make_checkpoint(tmp_path / "best.pt", imgsz=160, scale="26n")
+    with pytest.raises(SystemExit, match="end-to-end model"):
+        export.main(["--weights", str(weights), "--onnx", "--nms"])
+    export.main(["--weights", str(weights), "--onnx", "--runs", "1", "--conf", str(CONF)])  # exits if they disagree
+    path = weights.with_suffix(".onnx")
+    graph = onnx.load(str(path))
+    assert [d.dim_value for d in graph.graph.output[0].type.tensor_type.shape.dim] == [1, 300, 6]  # 525 anchors
+    assert "TopK" in {n.op_type for n in graph.graph.node} and "NonMaxSuppression" not in {
+        n.op_type for n in graph.graph.node
+    }
+    exported = load_exported(path)
+    assert exported["end2end"] and exported["nms"] is None
+    x = batch_of([3], 160, 160)
+    with torch.no_grad():
+        ours = pytorch_model(weights)(x)
+    theirs = exported["run"](x)
+    assert torch.allclose(theirs[..., 4], ours[..., 4], atol=1e-4)  # scores, best first
+    detections = postprocess(theirs, exported, CONF)[0]  # no NMS: the rows above the threshold, as they come
+    assert 5 <= len(detections) <= 300 and torch.equal(detections, theirs[0, : len(detections)])
+    boxes, scores, unmatched = compare_detections(ours[0][ours[0, :, 4] > CONF], detections, CONF)
+    assert unmatched == 0 and boxes < 1e-2 and scores < 1e-4
 
 
 def test_onnx_graph_is_fused_and_carries_metadata(exported):

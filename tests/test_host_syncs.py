@@ -94,6 +94,10 @@ def reference_assign_targets(
 
 
 class ReferenceLoss(DetectionLoss):
+    @staticmethod
+    def padded(targets, like):  # the reference pads inside fp32_loss, as it did
+        return targets
+
     def fp32_loss(self, maps, targets):
         b = maps[0].shape[0]
         flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)
@@ -281,6 +285,17 @@ def test_loss_and_its_gradient_equal_the_masked_version_and_sync_at_most_once(se
     for leaf, reference in zip(leaves, reference_leaves):
         scale = reference.grad.abs().max()
         torch.testing.assert_close(leaf.grad, reference.grad, rtol=1e-5, atol=1e-6 * scale)
+
+
+def test_yolo26_loss_of_both_branches_syncs_once():
+    head = types.SimpleNamespace(nc=5, reg_max=1, strides=STRIDES)
+    maps, targets = random_batch(1, 5, imgsz=128, b=2, reg_max=1)
+    branches = {"one2many": [m.clone().requires_grad_() for m in maps], "one2one": [m.requires_grad_() for m in maps]}
+    with count_host_syncs() as counts:
+        loss, parts = DetectionLoss(head)(branches, targets)
+        loss.backward()
+    assert counts == {"aten._local_scalar_dense": 1}  # the targets are padded once, for both branches
+    assert (parts > 0).all() and all(torch.isfinite(m.grad).all() for m in branches["one2one"])
 
 
 def test_loss_without_boxes_has_zero_box_terms_and_finite_gradients():

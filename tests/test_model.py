@@ -8,12 +8,12 @@ from models.yolo import SCALES, YOLO, count_gflops, count_parameters
 from utils.assigner import assign_targets
 from utils.augment import letterbox
 from utils.boxes import make_anchors, non_max_suppression, scale_boxes_to_original
-from utils.loss import DetectionLoss
+from utils.loss import DetectionLoss, one_to_many_weight
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-@pytest.mark.parametrize("scale", list(SCALES))
+@pytest.mark.parametrize("scale", [s for s in SCALES if not s.startswith("26")])
 def test_output_shapes_every_scale_and_non_square_input(scale):
     model = YOLO(scale, nc=7)
     x = torch.rand(2, 3, 64, 96)
@@ -28,15 +28,49 @@ def test_output_shapes_every_scale_and_non_square_input(scale):
     assert (boxes[..., 2] >= boxes[..., 0]).all() and (boxes[..., 3] >= boxes[..., 1]).all()
 
 
+def test_yolo26_trains_two_heads_without_dfl_and_answers_final_detections():
+    model = YOLO("26n", nc=7)
+    x = torch.rand(2, 3, 64, 96)
+    maps = model.train()(x)
+    shapes = [(2, 4 + 7, 8, 12), (2, 4 + 7, 4, 6), (2, 4 + 7, 2, 3)]  # 4 distances, no DFL bins
+    for branch in ("one2many", "one2one"):
+        assert [tuple(m.shape) for m in maps[branch]] == shapes
+    # the one-to-one branch sees detached features: its loss leaves the network to the one-to-many branch
+    maps["one2one"][0].sum().backward()
+    assert model.stem.conv.weight.grad is None and model.head.one2one_box[0][0].conv.weight.grad is not None
+    model.eval()
+    with torch.no_grad():
+        out = model(x)
+    assert model.end2end and out.shape == (2, 8 * 12 + 4 * 6 + 2 * 3, 6)  # fewer anchors than 300: all of them
+    assert (out[..., 4] >= 0).all() and (out[..., 4] <= 1).all() and (out[..., 4].diff(dim=1) <= 0).all()
+    assert ((out[..., 5] >= 0) & (out[..., 5] < 7) & (out[..., 5] == out[..., 5].round())).all()
+    with torch.no_grad():
+        assert model(torch.rand(1, 3, 160, 160)).shape == (1, 300, 6)  # 525 anchors: the best 300
+
+
+def test_yolo26_detections_are_the_best_anchor_class_pairs():
+    model = YOLO("26n", nc=3).eval()
+    model.head.max_det = 4
+    decoded = torch.zeros(1, 6, 4 + 3)
+    decoded[0, :, :4] = torch.arange(6.0)[:, None]  # anchor i's box is (i, i, i, i)
+    decoded[0, :, 4:] = torch.tensor([[0.1, 0.0, 0], [0.9, 0.8, 0], [0, 0, 0.3], [0.2, 0, 0], [0, 0.7, 0], [0, 0, 0]])
+    out = model.head.top_detections(decoded)[0]
+    # the 4 anchors with the best top score are 1, 4, 2, 3; their 4 best (anchor, class) pairs, one anchor twice
+    assert out[:, 4].tolist() == pytest.approx([0.9, 0.8, 0.7, 0.3])
+    assert out[:, 5].tolist() == [0, 1, 1, 2] and out[:, 0].tolist() == [1, 1, 4, 2]
+
+
 def test_every_model_has_the_parameter_count_ultralytics_publishes():
     # The summaries in Ultralytics' yolov8.yaml and yolo11.yaml (80 classes), less the 16 fixed weights of its
     # DFL layer, which our head holds as a constant: same count, same layers (their checkpoints load strictly).
     published = {"n": 3157200, "s": 11166560, "m": 25902640, "l": 43691520, "x": 68229648}
     published |= {"11n": 2624080, "11s": 9458752, "11m": 20114688, "11l": 25372160, "11x": 56966176}
-    for scale, count in published.items():
+    # yolo26.yaml's summaries: no DFL layer, both heads (one-to-many and one-to-one) counted
+    yolo26 = {"26n": 2572280, "26s": 10009784, "26m": 21896248, "26l": 26299704, "26x": 58993368}
+    for scale, count in (published | yolo26).items():
         with torch.device("meta"):  # shapes only: no memory, no time
             model = YOLO(scale, nc=80)
-        assert count_parameters(model) == count - 16, scale
+        assert count_parameters(model) == count - 16 * (scale not in yolo26), scale
 
 
 def test_n_model_is_in_the_size_class_users_know():
@@ -165,6 +199,34 @@ def test_loss_is_finite_and_falls_when_overfitting_one_batch():
     assert np.mean(history[-5:]) < 0.5 * np.mean(history[:5])
     loss, parts = loss_fn(model(images), empty)  # a batch of background images only
     assert torch.isfinite(loss) and parts[0] == 0 and parts[2] == 0
+
+
+def test_yolo26_loss_one_positive_per_object_progressive_weight_and_it_learns():
+    assert [round(one_to_many_weight(e, 8), 4) for e in (0, 4, 7, 9)] == [0.8, 0.4, 0.1, 0.1]  # linear, then held
+    _, (_, _, fg, assigned) = _assign([[(0, 4, 4, 40, 40), (1, 30, 20, 60, 60)]], keep=1)
+    assert fg.sum() == 2 and sorted(assigned[fg].tolist()) == [0, 1]  # the one-to-one rule: one anchor per box
+    torch.manual_seed(0)
+    model = YOLO("26n", nc=3).train()
+    loss_fn = DetectionLoss(model.head)
+    loss_fn.epochs = 10
+    images = torch.rand(2, 3, 64, 64)
+    targets = torch.tensor([[0, 0, 8, 8, 40, 36], [0, 2, 30, 30, 60, 62], [1, 1, 4, 20, 24, 44]])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    history = []
+    for _ in range(25):
+        loss, parts = loss_fn(model(images), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        history.append(loss.item())
+    assert np.mean(history[-5:]) < 0.5 * np.mean(history[:5]) and parts.shape == (3,)
+    maps = model(images)
+    loss_fn.epoch = 9  # the last epoch: 0.1 one-to-many, 0.9 one-to-one
+    late = loss_fn(maps, targets)[0]
+    padded = loss_fn.padded(targets, images)
+    one2one = loss_fn.fp32_loss(maps["one2one"], padded, topk=7, keep=1)[0]
+    one2many = loss_fn.fp32_loss(maps["one2many"], padded)[0]
+    assert torch.allclose(late, 0.1 * one2many + 0.9 * one2one)
 
 
 def test_loss_is_normalised_per_image_and_per_box():

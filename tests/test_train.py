@@ -157,7 +157,9 @@ def test_accumulation_windows_ramp_over_the_warmup_and_partition_each_epoch():
     assert accumulation_windows(2, 50, 4, 120, ramp=True) == epochs[2]  # a pure function: resume sees the same
 
 
-def test_killed_run_resumes_to_bitwise_identical_weights(tiny_data, tmp_path):
+# 26n: two heads, ProgLoss by epoch, no DFL; with MuSGD, whose two momentum buffers per conv weight last.pt keeps
+@pytest.mark.parametrize("model, optimizer", [("n", "auto"), ("26n", "musgd")])
+def test_killed_run_resumes_to_bitwise_identical_weights(tiny_data, tmp_path, model, optimizer):
     common = [
         "--data",
         tiny_data,
@@ -173,6 +175,8 @@ def test_killed_run_resumes_to_bitwise_identical_weights(tiny_data, tmp_path):
         *TINY,
     ]
     common[common.index("--workers") + 1] = "2"  # real worker processes: the data must not depend on them
+    common[common.index("--model") + 1] = model
+    common += ["--optimizer", optimizer]
     run([*common, "--out", tmp_path / "straight"])
 
     # Start the same run, SIGKILL it after its second mid-run save, resume it.

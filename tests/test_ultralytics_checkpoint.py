@@ -73,9 +73,16 @@ def ultralytics_model(ours, family, classes=None):
         elif kind == "Detect":
             detect = cls()
             detect.cv2, detect.cv3, detect.nc = ours.head.box, ours.head.cls, ours.nc
-            detect.dfl = block.DFL()
-            detect.dfl.conv = nn.Conv2d(16, 1, 1, bias=False).requires_grad_(False)
-            detect.dfl.conv.weight.data[:] = torch.arange(16.0).view(1, 16, 1, 1)
+            if family == "26":  # no DFL (an Identity), and the one-to-one branch
+                detect.dfl, detect.one2one_cv2, detect.one2one_cv3 = (
+                    nn.Identity(),
+                    ours.head.one2one_box,
+                    ours.head.one2one_cls,
+                )
+            else:
+                detect.dfl = block.DFL()
+                detect.dfl.conv = nn.Conv2d(16, 1, 1, bias=False).requires_grad_(False)
+                detect.dfl.conv.weight.data[:] = torch.arange(16.0).view(1, 16, 1, 1)
             layers.append(detect)
         else:
             layers.append(adopt(cls, getattr(ours, LAYER_NAMES[family][index])))
@@ -125,10 +132,10 @@ def save_like_ultralytics(model, path, **extra):
     torch.save(ckpt, path)
 
 
-@pytest.mark.parametrize("scale", ["n", "11n"])
+@pytest.mark.parametrize("scale", ["n", "11n", "26n"])
 def test_ultralytics_checkpoint_gives_the_same_outputs(fake_ultralytics, tmp_path, scale):
     ours = randomised(YOLO(scale, nc=3))
-    family = "11" if scale.startswith("11") else ""
+    family = scale[:-1]
     path = tmp_path / f"yolo{scale}.pt"
     save_like_ultralytics(ultralytics_model(ours, family), path)
     fake_ultralytics()
@@ -140,17 +147,28 @@ def test_ultralytics_checkpoint_gives_the_same_outputs(fake_ultralytics, tmp_pat
     loaded = model_from_checkpoint(path)
     reference = ours.half().float()  # the file holds fp16 weights
     x = torch.rand(2, 3, 128, 96)
+    reference.head.return_maps = loaded.head.return_maps = True  # the raw maps as well: both branches for YOLO26
     with torch.no_grad():
-        expected, got = reference(x), loaded(x)
-    assert got.shape == expected.shape == (2, (16 * 12 + 8 * 6 + 4 * 3), 4 + 3)
+        (expected, expected_maps), (got, got_maps) = reference(x), loaded(x)
+    anchors = 16 * 12 + 8 * 6 + 4 * 3
+    assert got.shape == expected.shape == (2, anchors, 6 if family == "26" else 4 + 3)
+    if family == "26":
+        # final detections: their scores agree, but near-equal ones may swap places; the maps of both branches
+        # must agree exactly as v8's and 11's decoded outputs do (each branch from its own weights)
+        assert (got[..., 4] - expected[..., 4]).abs().max() < 1e-3
+        assert (got_maps["one2one"][0] - got_maps["one2many"][0]).abs().max() > 0.01
+        expected, got = (
+            torch.cat([t.flatten(1) for t in m["one2many"] + m["one2one"]], 1) for m in (expected_maps, got_maps)
+        )
     assert (got - expected).abs().max() < 1e-3  # channels_last convolutions add rounding, nothing more
 
 
-@pytest.mark.parametrize("scale", ["s", "11m", "11l"])  # 11m and 11l share their widths, not their depth
+@pytest.mark.parametrize("scale", ["s", "11m", "11l", "26s"])  # m and l share their widths, not their depth
 def test_the_model_is_recognised_from_its_layers_and_widths(fake_ultralytics, tmp_path, scale):
-    ours = YOLO(scale, nc=80)
+    with torch.device("meta"):  # shapes only
+        ours = YOLO(scale, nc=80)
     path = tmp_path / "model.pt"
-    save_like_ultralytics(ultralytics_model(ours, "11" if scale.startswith("11") else ""), path)
+    save_like_ultralytics(ultralytics_model(ours.to_empty(device="cpu"), scale[:-1]), path)
     fake_ultralytics()
     assert load_checkpoint(path)["scale"] == scale
 
@@ -192,7 +210,7 @@ def test_other_files_are_named_in_one_sentence(fake_ultralytics, tmp_path, monke
 
     expected = {
         seg: "is an Ultralytics segmentation model",
-        v5u: "layers (C3 C2f SPPF Detect) are neither YOLOv8 nor YOLO11",
+        v5u: "layers (C3 C2f SPPF Detect) are neither YOLOv8, YOLO11 nor YOLO26",
         v5: "is a YOLOv5 checkpoint",
         broken: "is not a checkpoint this repo can read",
     }

@@ -22,13 +22,15 @@ TINY_SIDE = 8.5
 
 @torch.no_grad()
 def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask, topk=10, alpha=0.5, beta=6.0,
-                   tiny_box=TINY_SIDE, device=None):  # fmt: skip
+                   tiny_box=TINY_SIDE, device=None, keep=None):  # fmt: skip
     """
     pred_scores: (b, A, nc) probabilities;  pred_boxes: (b, A, 4) xyxy pixels;  anchors: (A, 2) pixels
     gt_labels: (b, n, 1);  gt_boxes: (b, n, 4) xyxy pixels;  gt_mask: (b, n, 1), 1 for real boxes (rest is padding)
     tiny_box: box sides under TINY_SIDE grow to this for candidate selection (else a tiny object between anchor
               centres is never learned); Ultralytics grows them to 16 px (bench/RESULTS.md: 8.5 did better here).
     device: where to compute ("cpu" for the OOM retry); results come back on pred_scores' device.
+    keep: after the top-k and the one-box-per-anchor rule, each box keeps only its `keep` best anchors by alignment
+          (YOLO26's one-to-one branch: topk 7, keep 1, one positive per object); None keeps all.
     Returns target_boxes (b, A, 4), target_scores (b, A, nc), foreground mask (b, A) bool,
     and the index of the assigned box per anchor (b, A).
     """
@@ -71,6 +73,9 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
     multi = (positive.sum(1) > 1).unsqueeze(1)  # b, 1, A
     best = torch.zeros_like(positive).scatter_(1, overlaps.argmax(1, keepdim=True), 1)
     positive = torch.where(multi, best, positive)
+    if keep is not None and keep < k:
+        best_anchors = (alignment * positive).topk(keep, -1).indices  # b, n, keep (0 where none: not positive)
+        positive = positive * torch.zeros_like(positive).scatter_(-1, best_anchors, 1)
     return tuple(t.to(home) for t in soft_targets(gt_labels, gt_boxes, positive, alignment, overlaps, nc))
 
 

@@ -47,10 +47,12 @@ def distances_to_boxes(distances, anchors):
     return torch.cat((anchors - lt, anchors + rb), -1)
 
 
-def boxes_to_distances(boxes, anchors, max_distance):
-    """xyxy -> (left, top, right, bottom) distances, clipped just below the last DFL bin."""
+def boxes_to_distances(boxes, anchors, max_distance=None):
+    """xyxy -> (left, top, right, bottom) distances, clipped just below the last DFL bin (max_distance: reg_max - 1;
+    None, without DFL: as they are)."""
     x1y1, x2y2 = boxes.chunk(2, -1)
-    return torch.cat((anchors - x1y1, x2y2 - anchors), -1).clamp_(0, max_distance - 0.01)
+    distances = torch.cat((anchors - x1y1, x2y2 - anchors), -1)
+    return distances if max_distance is None else distances.clamp_(0, max_distance - 0.01)
 
 
 def complete_iou_loss(boxes1, boxes2, eps=1e-7):
@@ -100,15 +102,25 @@ def scale_boxes_to_original(boxes, ratio, pad, original_shape):
 
 
 def non_max_suppression(
-    predictions, conf=0.25, iou=0.7, classes=None, max_det=300, multi_label=False, max_candidates=30000
+    predictions, conf=0.25, iou=0.7, classes=None, max_det=300, multi_label=False, max_candidates=30000, end2end=False
 ):
     """Per image: confidence threshold, class-aware NMS, at most max_det boxes.
 
     predictions: (batch, anchors, 4 + nc) as the model returns in eval mode.
     Returns a list (one per image) of (n, 6) tensors: x1 y1 x2 y2 score class.
     multi_label: one box may be kept for several classes (better mAP; use it for validation).
+    end2end: the predictions are final detections (batch, k, 6), best first, as YOLO26 (model.end2end) and a graph
+    exported with NMS inside give them: only conf, classes and max_det apply, no NMS.
     There is deliberately no time limit: a limit that silently drops images corrupts mAP.
     """
+    if end2end:
+        output = []
+        for pred in predictions:
+            keep = pred[:, 4] > conf
+            if classes is not None:
+                keep &= torch.isin(pred[:, 5].long(), torch.as_tensor(classes, device=pred.device))
+            output.append(pred[keep][:max_det])
+        return output
     output = []
     for pred in predictions:
         boxes, scores = pred[:, :4], pred[:, 4:]

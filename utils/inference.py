@@ -53,15 +53,7 @@ def postprocess(output, model, conf=0.25, iou=0.7, classes=None, max_det=300, mu
     """Model output -> list (one per image) of (k, 6) tensors x1 y1 x2 y2 score class, input pixels: NMS on the
     raw predictions, or only the thresholds on a graph that has the final boxes already (has_final_boxes).
     multi_label: a box may count for several classes (val.py's mAP), as in utils.boxes.non_max_suppression."""
-    if not has_final_boxes(model):
-        return non_max_suppression(output, conf, iou, classes, max_det, multi_label=multi_label)
-    detections = []
-    for d in output:  # no NMS here: it ran in the graph or is not needed; the padding rows have score 0
-        d = d[d[:, 4] > conf]
-        if classes is not None:
-            d = d[torch.isin(d[:, 5].long(), torch.as_tensor(classes, device=d.device))]
-        detections.append(d[:max_det])
-    return detections
+    return non_max_suppression(output, conf, iou, classes, max_det, multi_label, end2end=has_final_boxes(model))
 
 
 def export_metadata(**values):

@@ -93,10 +93,23 @@ def pad_targets(targets, batch_size):
     return padded, mask
 
 
+def one_to_many_weight(epoch, epochs):
+    """ProgLoss (YOLO26): the weight of the one-to-many loss in epoch `epoch` (0-based) of `epochs`; the one-to-one
+    loss gets 1 minus it. It falls linearly from 0.8 in the first epoch to 0.1 in the last, as Ultralytics' E2ELoss
+    does (its update() after each epoch): early, the dense one-to-many targets shape the shared features; late, the
+    loss is mostly that of the one-to-one head inference uses. A pure function of the epoch: resume needs no state."""
+    return 0.1 + (0.8 - 0.1) * max(1 - epoch / max(epochs - 1, 1), 0)
+
+
 class DetectionLoss:
     """Call with the model's training output and the batch's targets; returns (total, parts).
 
     total: a scalar to backpropagate; parts: detached tensor of (box, cls, dfl), per image. Both fp32.
+    Without DFL (reg_max 1, YOLO26) the third term is an L1 loss on the 4 side distances, in fractions of the image
+    size. With a one-to-one branch (YOLO26: the maps come as {"one2many", "one2one"}) the total is the two branches'
+    losses weighted by one_to_many_weight(self.epoch, self.epochs) (train.py sets both), and parts are the one-to-one
+    branch's (what inference uses; Ultralytics logs the same). The one-to-one assignment picks topk 7 candidates and
+    keeps the best one per object.
     `assignments_on_cpu` counts the label assignments that ran out of GPU memory and were redone on
     the CPU, a running total (train.py reports how many each epoch added).
     """
@@ -111,25 +124,41 @@ class DetectionLoss:
         # of its false positives. None: the plain BCE, bitwise as without the option.
         self.class_weights = None if class_weights is None else torch.tensor(class_weights, dtype=torch.float32)
         self.topk, self.tiny_box = topk, tiny_box
+        self.epoch, self.epochs = 0, 1  # ProgLoss's position (end-to-end heads only)
         self.assignments_on_cpu = 0
 
     def __call__(self, maps, targets):
-        with torch.autocast(maps[0].device.type, enabled=False):  # fp32 even when called inside autocast
-            return self.fp32_loss([m.float() for m in maps], targets.float())
+        device = (maps["one2many"] if isinstance(maps, dict) else maps)[0].device
+        with torch.autocast(device.type, enabled=False):  # fp32 even when called inside autocast
+            if not isinstance(maps, dict):
+                return self.fp32_loss([m.float() for m in maps], self.padded(targets, maps[0]))
+            padded = self.padded(targets, maps["one2many"][0])  # once for both branches: one host read
+            one2many = self.fp32_loss([m.float() for m in maps["one2many"]], padded)
+            one2one = self.fp32_loss([m.float() for m in maps["one2one"]], padded, topk=7, keep=1)
+            weight = one_to_many_weight(self.epoch, self.epochs)
+            return one2many[0] * weight + one2one[0] * (1 - weight), one2one[1]
 
-    def fp32_loss(self, maps, targets):
+    @staticmethod
+    def padded(targets, like):
+        """pad_targets of the batch, fp32, on the maps' device (`like`), for fp32_loss."""
+        if targets.device.type != "cpu":
+            targets = targets.cpu()  # the one wait for the GPU: padding needs the largest box count on the host
+        # train.py keeps the targets on the host: padded there, they reach the GPU without a sync
+        return tuple(t.to(like.device, non_blocking=True) for t in pad_targets(targets.float(), like.shape[0]))
+
+    def fp32_loss(self, maps, padded, topk=None, keep=None):
+        """One branch's (total, parts); padded: (gt, gt_mask) from DetectionLoss.padded."""
         b = maps[0].shape[0]
+        topk = topk or self.topk
         flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)  # b, A, 4*reg_max + nc
         pred_distri, pred_logits = flat.split((4 * self.reg_max, self.nc), 2)
         anchors, strides = make_anchors(maps, self.strides)  # grid units, and each anchor's stride
 
         bins = torch.arange(self.reg_max, device=flat.device, dtype=flat.dtype)
-        pred_boxes = distances_to_boxes(dfl_decode(pred_distri, bins), anchors)  # grid units
+        pred_distances = dfl_decode(pred_distri, bins) if self.reg_max > 1 else pred_distri
+        pred_boxes = distances_to_boxes(pred_distances, anchors)  # grid units
 
-        if targets.device.type != "cpu":
-            targets = targets.cpu()  # the one wait for the GPU: padding needs the largest box count on the host
-        # train.py keeps the targets on the host: padded there, they reach the GPU without a sync
-        gt, gt_mask = (t.to(flat.device, non_blocking=True) for t in pad_targets(targets, b))
+        gt, gt_mask = padded
         assignment_inputs = (
             pred_logits.detach().sigmoid(),
             pred_boxes.detach() * strides,
@@ -138,16 +167,19 @@ class DetectionLoss:
             gt[..., 1:],
             gt_mask,
         )
+        settings = dict(topk=topk, tiny_box=self.tiny_box, keep=keep)
         try:
-            assigned = assign_targets(*assignment_inputs, topk=self.topk, tiny_box=self.tiny_box)
+            assigned = assign_targets(*assignment_inputs, **settings)
         except torch.OutOfMemoryError:
             assigned = None  # pitfall D5: an image with very many boxes (memory grows as boxes x anchors)
         if assigned is None:  # out of the except block, the failed attempt's tensors are released
             if flat.device.type == "cuda":
                 torch.cuda.empty_cache()
             self.assignments_on_cpu += 1
-            log.warning(f"out of memory in the label assignment ({len(targets)} boxes in the batch): redone on the CPU")
-            assigned = assign_targets(*assignment_inputs, topk=self.topk, tiny_box=self.tiny_box, device="cpu")
+            log.warning(
+                f"out of memory in the label assignment ({int(gt_mask.sum())} boxes in the batch): redone on the CPU"
+            )
+            assigned = assign_targets(*assignment_inputs, **settings, device="cpu")
         target_boxes, target_scores, fg, _ = assigned
         score_sum = target_scores.sum().clamp(min=1)
 
@@ -159,7 +191,7 @@ class DetectionLoss:
         # pred_boxes[fg] would make the host wait for the GPU): an image has at most n * topk of them (each box
         # claims at most topk anchors, each anchor learns one box), so its first n * topk anchors in fg order
         # hold them all; the background ones among them weigh 0.
-        k = min(fg.shape[1], gt.shape[1] * self.topk)
+        k = min(fg.shape[1], gt.shape[1] * topk)
         index = fg.float().topk(k, 1).indices  # b, k
 
         def take(t):  # (b, A, c) -> (b, k, c)
@@ -174,9 +206,18 @@ class DetectionLoss:
         unit[2:] = 1  # not new_tensor([0, 0, 1, 1]): a blocking copy from the host, a sync too
         iou_loss = complete_iou_loss(torch.where(fg, take(pred_boxes), unit), torch.where(fg, target_grid, unit))
         loss_box = (iou_loss * weight).sum() / score_sum
-        target_distances = boxes_to_distances(target_grid, anchors[index], self.reg_max - 1)  # finite, clamped
-        dfl = self.distribution_focal_loss(take(pred_distri).view(-1, self.reg_max), target_distances.view(-1))
-        loss_dfl = (dfl.view(b, -1, 4).mean(-1) * weight).sum() / score_sum
+        if self.reg_max > 1:
+            target_distances = boxes_to_distances(target_grid, anchors[index], self.reg_max - 1)  # finite, clamped
+            dfl = self.distribution_focal_loss(take(pred_distri).view(-1, self.reg_max), target_distances.view(-1))
+            loss_dfl = (dfl.view(b, -1, 4).mean(-1) * weight).sum() / score_sum
+        else:  # no DFL: L1 on the distances in fractions of the image's width (left, right) and height (top, bottom)
+            h, w = (s * self.strides[0] for s in maps[0].shape[-2:])
+            sides = flat.new_full((4,), float(w))  # filled on the device: new_tensor([w, h, w, h]) would be a sync
+            sides[1::2] = h
+            scale = strides[index] / sides  # grid units -> pixels -> fractions of the image
+            target_distances = boxes_to_distances(target_grid, anchors[index])
+            l1 = (take(pred_distri) - target_distances).abs() * scale
+            loss_dfl = (l1.mean(-1) * weight).sum() / score_sum
         parts = torch.stack((loss_box * self.gains[0], loss_cls * self.gains[1], loss_dfl * self.gains[2]))
         return parts.sum() * b, parts.detach()
 

@@ -30,11 +30,70 @@ def build_optimizer(model, name, lr, momentum, weight_decay):
     ]
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
+    if name == "musgd":  # conv weights (the decay group) get Muon's update as well as SGD's
+        groups[-1]["use_muon"] = True
+        return MuSGD(groups, lr=lr, momentum=momentum, nesterov=True)
     if name == "adamw":
         # Optimizer state stays fp32 under AMP (torch keeps it in the parameters' dtype, and the
         # parameters stay fp32): eps=1e-8 would underflow in fp16 (pitfall T3).
         return torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999))
-    raise ValueError(f"optimizer must be sgd or adamw, got {name!r}")
+    raise ValueError(f"optimizer must be sgd, adamw or musgd, got {name!r}")
+
+
+def newton_schulz_orthogonalise(matrix, steps=5):
+    """The nearest semi-orthogonal matrix to `matrix` (U V^T of its SVD), roughly: five iterations of the quintic
+    Newton-Schulz map with Muon's coefficients, in bf16 (the iteration tolerates it; singular values land in
+    about 0.5..1.5, which Muon's updates do not mind)."""
+    x = matrix.bfloat16()
+    x = x / (x.norm() + 1e-7)  # singular values <= 1, where the iteration converges
+    tall = x.shape[0] > x.shape[1]
+    if tall:  # the Gram matrix of the short side is the cheaper one
+        x = x.T
+    for _ in range(steps):
+        gram = x @ x.T
+        x = 3.4445 * x + (-4.7750 * gram + 2.0315 * gram @ gram) @ x
+    return (x.T if tall else x).to(matrix.dtype)
+
+
+class MuSGD(torch.optim.Optimizer):
+    """MuSGD (YOLO26's optimizer, as Ultralytics builds it): SGD with momentum on every parameter, and on the groups
+    marked use_muon (conv weights) also Muon's step: the momentum of the gradient, flattened to (out, in * k * k),
+    orthogonalised (newton_schulz_orthogonalise), scaled by sqrt(max(1, rows / columns)) of the parameter, at `muon`
+    times the learning rate; their SGD step is then at `sgd` times it. Orthogonalising equalises the update's
+    directions, so rarely used ones are not drowned by dominant ones. Weight decay acts through the SGD step only.
+    Its state (two momentum buffers per Muon parameter) is in state_dict(): last.pt keeps it, a resume is exact."""
+
+    def __init__(self, params, lr=0.01, momentum=0.9, weight_decay=0.0, nesterov=True, muon=0.2, sgd=1.0):
+        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, use_muon=False)
+        super().__init__(params, defaults)
+        self.muon, self.sgd = muon, sgd
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            lr, beta, nesterov = group["lr"], group["momentum"], group["nesterov"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state, grad = self.state[p], p.grad
+                if not state:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                    if group["use_muon"]:
+                        state["muon_buffer"] = torch.zeros_like(p)
+                sgd_lr = lr
+                if group["use_muon"]:
+                    buffer = state["muon_buffer"].lerp_(grad, 1 - beta)  # an average, not a sum: scale-free
+                    update = grad.lerp(buffer, beta) if nesterov else buffer
+                    flat = update.reshape(len(update), -1)
+                    # Ultralytics scales by the parameter's last two sides (1 for a square conv kernel)
+                    orthogonal = newton_schulz_orthogonalise(flat) * max(1, p.shape[-2] / p.shape[-1]) ** 0.5
+                    p.add_(orthogonal.view_as(p), alpha=-lr * self.muon)
+                    sgd_lr = lr * self.sgd
+                if group["weight_decay"]:
+                    grad = grad.add(p, alpha=group["weight_decay"])
+                buffer = state["momentum_buffer"].mul_(beta).add_(grad)
+                p.add_(grad.add(buffer, alpha=beta) if nesterov else buffer, alpha=-sgd_lr)
+        return None
 
 
 def load_optimizer_state(optimizer, state):
