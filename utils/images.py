@@ -32,23 +32,34 @@ def read_image(path):
     return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
 
 
-def load_resized(record, imgsz, cache=None, index=None):
-    """RGB uint8 image resized so its long side is imgsz, and its labels in pixels of that size."""
+def load_original(record, cache=None, index=None):
+    """The record's image as read (RGB uint8), or its copy in the RAM cache (already resized); OSError when the file
+    can no longer be read."""
     img = cache[index] if cache is not None and cache[index] is not None else None
     if img is None:
         img = read_image(record["im"])
         if img is None:
             raise OSError(f"image {record['im']} can no longer be read")
-        h, w = img.shape[:2]
-        r = imgsz / max(h, w)
-        if r != 1:  # resized_shapes: the one rounding rule, also behind the RAM cache's buffer
-            nh, nw = resized_shapes((h, w), imgsz)[0]
-            img = cv2.resize(img, (int(nw), int(nh)), interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR)
-    h, w = img.shape[:2]
+    return img
+
+
+def labels_in_pixels(record, h, w):
+    """The record's boxes (class, x1, y1, x2, y2) in pixels of an h x w image (they are stored normalised)."""
     labels = np.array(record["labels"], dtype=np.float32).reshape(-1, 5)
     labels[:, [1, 3]] *= w
     labels[:, [2, 4]] *= h
-    return img, labels
+    return labels
+
+
+def load_resized(record, imgsz, cache=None, index=None):
+    """RGB uint8 image resized so its long side is imgsz, and its labels in pixels of that size."""
+    img = load_original(record, cache, index)
+    h, w = img.shape[:2]
+    r = imgsz / max(h, w)
+    if r != 1:  # resized_shapes: the one rounding rule, also behind the RAM cache's buffer
+        nh, nw = resized_shapes((h, w), imgsz)[0]
+        img = cv2.resize(img, (int(nw), int(nh)), interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR)
+    return img, labels_in_pixels(record, *img.shape[:2])
 
 
 def resized_shapes(shapes, imgsz):
