@@ -789,6 +789,21 @@ def test_train_dataset_boxes_stay_tight_through_every_transform(tmp_path):
     assert checked >= 16
 
 
+def test_an_image_many_times_the_training_size_is_decoded_reduced_and_its_boxes_follow(tmp_path, monkeypatch):
+    folder = rect_dataset(tmp_path, n=4, w=512, h=384, suffix=".jpg")
+    records = L.load_verified([folder], nc=4, split_name="train")
+    reads = []
+    real = D.load_original
+    monkeypatch.setattr(D, "load_original", lambda *a: reads.append(a[-1]) or real(*a))
+    hyp = dict(HYP, hsv_h=0, hsv_s=0, hsv_v=0)
+    for imgsz, reduce in ((64, 8), (128, 4), (200, 2), (300, 1)):
+        reads.clear()
+        for image, labels in D.TrainDataset(records, imgsz, hyp, seed=0).__getitems__([(0, i) for i in range(4)]):
+            assert image.shape == (3, imgsz, imgsz)
+            assert_boxes_tight(chw_to_hwc(image), labels.numpy(), tol=2)
+        assert reads == [reduce] * 4
+
+
 def test_mosaic_is_switched_off_for_the_last_epochs_and_mixup_blends_two(tmp_path, monkeypatch):
     folder = rect_dataset(tmp_path, n=4)
     records = L.load_verified([folder], nc=4, split_name="train")

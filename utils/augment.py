@@ -32,10 +32,12 @@ def letterbox(img, new_shape, scaleup=True, centre=True):
     return img, ratio, (left, top)
 
 
-def augment_hsv(img, rng, hgain=0.015, sgain=0.7, vgain=0.4):
-    """Random hue, saturation and value, in place. The image is RGB (converted once at read time),
+def augment_hsv(img, rng, hgain=0.015, sgain=0.7, vgain=0.4, dst=None):
+    """Random hue, saturation and value, in place or into dst. The image is RGB (converted once at read time),
     so the RGB<->HSV conversion here is the matching one (pitfall D1)."""
+    dst = img if dst is None else dst
     if not (hgain or sgain or vgain):
+        np.copyto(dst, img)
         return
     r = rng.uniform(-1, 1, 3) * (hgain, sgain, vgain) + 1
     hsv = cv2.cvtColor(img, cv2.COLOR_RGB2HSV)
@@ -43,7 +45,7 @@ def augment_hsv(img, rng, hgain=0.015, sgain=0.7, vgain=0.4):
     # (at most 182 with the gains used: 1 +- hgain) is the same colour as that minus 180: HSV2RGB wraps it, as the old
     # "% 180" table did.
     cv2.transform(hsv, np.diag(r).astype(np.float32), dst=hsv)  # a float32 matrix: OpenCV's fast path
-    cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=img)
+    cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=dst)
 
 
 def random_affine_matrix(rng, in_shape, out_shape, degrees=0.0, translate=0.1, scale=0.5, shear=0.0):
@@ -64,11 +66,11 @@ def random_affine_matrix(rng, in_shape, out_shape, degrees=0.0, translate=0.1, s
     return move @ shear_m @ rotate @ centre, s
 
 
-def flip(img, labels, lr, ud):
-    """Mirror left-right and/or up-down, the boxes with the pixels."""
+def flip(img, labels, lr, ud, dst=None):
+    """Mirror left-right and/or up-down, the boxes with the pixels (the image into dst if given)."""
     if not (lr or ud):
         return img, labels
-    img = cv2.flip(img, -1 if lr and ud else 1 if lr else 0)
+    img = cv2.flip(img, -1 if lr and ud else 1 if lr else 0, dst=dst)
     labels = labels.copy()
     if lr:
         labels[:, [1, 3]] = img.shape[1] - labels[:, [3, 1]]
@@ -77,13 +79,13 @@ def flip(img, labels, lr, ud):
     return img, labels
 
 
-def warp(img, m, out_shape):
+def warp(img, m, out_shape, dst=None):
     """cv2.warpAffine with m on continuous coordinates (as the boxes use): OpenCV maps pixel indices, whose
     centres are at +0.5, so the matrix is shifted by half a pixel each side; else the image drifts from its boxes
     by up to half a pixel times the scale."""
     half = np.array([[1.0, 0, 0.5], [0, 1, 0.5], [0, 0, 1]])
     index_m = np.linalg.inv(half) @ m @ half
-    return cv2.warpAffine(img, index_m[:2], (out_shape[1], out_shape[0]), borderValue=(PAD_VALUE,) * 3)
+    return cv2.warpAffine(img, index_m[:2], (out_shape[1], out_shape[0]), dst=dst, borderValue=(PAD_VALUE,) * 3)
 
 
 def transform_boxes(labels, m, out_shape, s=1.0):

@@ -7,6 +7,7 @@ RGB uint8, or from the RAM cache the caller built and passed in).
 
 import atexit
 import functools
+import math
 import multiprocessing
 import os
 import random
@@ -71,7 +72,9 @@ class TrainDataset(torch.utils.data.Dataset):
         rng = np.random.default_rng([self.seed, epoch, index, 1])
         for _ in range(len(self.records)):
             try:
-                img = load_original(self.records[index], self.cache, index)
+                # an image 2, 4 or 8 times the training size is decoded at 1/2, 1/4 or 1/8 of it
+                reduce = max((f for f in (8, 4, 2) if max(self.records[index]["shape"]) >= f * self.imgsz), default=1)
+                img = load_original(self.records[index], self.cache, index, reduce)
                 shape = tuple(int(v) for v in resized_shapes(img.shape[:2], self.imgsz)[0])
                 return img, shape, labels_in_pixels(self.records[index], *shape)
             except OSError as e:
@@ -82,7 +85,8 @@ class TrainDataset(torch.utils.data.Dataset):
         raise OSError("no image of the training set can be read any more")
 
     def __getitems__(self, keys):
-        """The samples of one batch of (epoch, index) keys, each image decoded once."""
+        """The samples of one batch of (epoch, index) keys, each image decoded once. Each sample is written straight
+        into its slice of the batch tensor (shared memory in a loader worker), which collate then takes as it is."""
         loaded = {}
 
         def get(index, epoch):
@@ -91,7 +95,10 @@ class TrainDataset(torch.utils.data.Dataset):
             return loaded[index]
 
         batch = [index for _, index in keys]
-        return [self.sample(epoch, index, batch, get) for epoch, index in keys]
+        images = batch_buffer((len(keys), self.imgsz, self.imgsz, 3))
+        samples = Samples(self.sample(epoch, index, batch, get, out) for (epoch, index), out in zip(keys, images))
+        samples.images = images.permute(0, 3, 1, 2)  # HWC memory seen as NCHW: channels_last, the model's layout
+        return samples
 
     def __getitem__(self, key):
         return self.__getitems__([key])[0]
@@ -104,7 +111,8 @@ class TrainDataset(torch.utils.data.Dataset):
             others += [int(i) for i in rng.integers(0, len(self), k - len(others))]
         return [others[i] for i in rng.integers(0, len(others), k)]
 
-    def sample(self, epoch, index, batch, get):
+    def sample(self, epoch, index, batch, get, out):
+        """One sample, its image written into `out` (uint8 HWC tensor); returns the image seen as CHW and the boxes."""
         rng = sample_rng(self.seed, epoch, index)
         hyp = self.hyp
         use_mosaic = rng.random() < hyp["mosaic"] and (self.mosaic_epochs is None or epoch < self.mosaic_epochs)
@@ -112,6 +120,7 @@ class TrainDataset(torch.utils.data.Dataset):
         if use_mosaic:
             img, labels = self.place([get(i, epoch) for i in [index, *self.partners(index, batch, rng)]], rng, flips)
             if hyp["mixup"] and rng.random() < hyp["mixup"]:
+                img = img.copy()  # the next place() draws into the same scratch buffers
                 other = self.partners(index, batch, rng, 1)[0]
                 second = [get(i, epoch) for i in [other, *self.partners(other, batch, rng)]]
                 img2, labels2 = self.place(second, rng, flips)
@@ -120,9 +129,15 @@ class TrainDataset(torch.utils.data.Dataset):
                 labels = np.concatenate((labels, labels2), 0)
         else:
             img, labels = self.place([get(index, epoch)], rng, flips)
-        augment_hsv(img, rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"])
-        # HWC memory seen as CHW (no copy): collate stacks it as a channels_last batch, the model's own layout
-        return torch.from_numpy(img).permute(2, 0, 1), torch.from_numpy(labels.astype(np.float32)).reshape(-1, 5)
+        augment_hsv(img, rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"], dst=out.numpy())
+        return out.permute(2, 0, 1), torch.from_numpy(labels.astype(np.float32)).reshape(-1, 5)
+
+    def scratch(self, name, shape):
+        """A buffer this process reuses from sample to sample (fresh arrays of a few MB cost page faults each time)."""
+        buffers = self.__dict__.setdefault("buffers", {})
+        if name not in buffers or buffers[name].shape != shape:
+            buffers[name] = np.empty(shape, np.uint8)
+        return buffers[name]
 
     def place(self, loaded, rng, flips):
         """Four loaded images as a mosaic (one: letterboxed), then the random affine and the flips, each image drawn
@@ -139,13 +154,18 @@ class TrainDataset(torch.utils.data.Dataset):
         )
         tiles = [(im, (w / im.shape[1], h / im.shape[0]), xy) for im, (h, w), xy in zip(images, shapes, offsets)]
         if m[0, 1] == 0 and m[1, 0] == 0 and m[0, 0] > 0 and m[1, 1] > 0:  # scale and shift: each image into the output
-            out = np.full((s, s, 3), PAD_VALUE, np.uint8)
+            out = self.scratch("tiles", (s, s, 3))
+            out.fill(PAD_VALUE)
             boxes = drawn_boxes(labels, draw_tiles(out, tiles, canvas, m))
         else:  # rotation or shear: a rectangle would not tile the output, so the images go on the canvas first
-            pasted = np.full((canvas, canvas, 3), PAD_VALUE, np.uint8)
+            pasted = self.scratch("canvas", (canvas, canvas, 3))
+            pasted.fill(PAD_VALUE)
             boxes = drawn_boxes(labels, draw_tiles(pasted, tiles, canvas, np.eye(3)))
-            out, boxes = warp(pasted, m, (s, s)), transform_boxes(boxes, m, (s, s), scale)
-        return flip(out, boxes, *flips)
+            out, boxes = (
+                warp(pasted, m, (s, s), self.scratch("tiles", (s, s, 3))),
+                transform_boxes(boxes, m, (s, s), scale),
+            )
+        return flip(out, boxes, *flips, dst=self.scratch("flipped", (s, s, 3)))
 
 
 class ValDataset(torch.utils.data.Dataset):
@@ -189,23 +209,41 @@ class ValDataset(torch.utils.data.Dataset):
 def collate(batch):
     """Stack images; targets become one (N, 6) tensor of (image index in batch, class, x1, y1, x2, y2).
 
-    The images are stacked in the memory layout they come in (training: channels_last, the model's; validation:
-    contiguous CHW), straight into shared memory in a loader worker, as torch's default_collate does: the batch
-    then reaches the main process without another copy."""
-    first = batch[0][0]
-    channels_last = first.dim() == 3 and first.stride(0) == 1 and not first.is_contiguous()  # HWC seen as CHW
-    shape = (len(batch), *first.shape[1:], first.shape[0]) if channels_last else (len(batch), *first.shape)
-    if torch.utils.data.get_worker_info() is not None:
-        out = first.new(first._typed_storage()._new_shared(first.numel() * len(batch))).view(shape)
+    Training images come already in one channels_last batch tensor (TrainDataset.__getitems__), validation ones
+    are stacked here; in a loader worker either is in shared memory, so it reaches the main process uncopied."""
+    if isinstance(batch, Samples):  # TrainDataset wrote them into one batch tensor already
+        images = batch.images
     else:
-        out = first.new_empty(shape)
-    if channels_last:
-        images = torch.stack([b[0].permute(1, 2, 0) for b in batch], out=out).permute(0, 3, 1, 2)
-    else:
-        images = torch.stack([b[0] for b in batch], out=out)
+        images = stack([b[0] for b in batch])
     targets = [torch.cat((torch.full((len(b[1]), 1), i, dtype=torch.float32), b[1]), 1) for i, b in enumerate(batch)]
     out = (images, torch.cat(targets, 0))
     return out + ([b[2] for b in batch],) if len(batch[0]) > 2 else out
+
+
+def stack(images):
+    """One batch tensor of these images, in the memory layout they come in (HWC seen as CHW: channels_last)."""
+    first = images[0]
+    channels_last = first.dim() == 3 and first.stride(0) == 1 and not first.is_contiguous()  # HWC seen as CHW
+    shape = (len(images), *first.shape[1:], first.shape[0]) if channels_last else (len(images), *first.shape)
+    out = batch_buffer(shape, first.dtype)
+    if channels_last:
+        return torch.stack([im.permute(1, 2, 0) for im in images], out=out).permute(0, 3, 1, 2)
+    return torch.stack(images, out=out)
+
+
+def batch_buffer(shape, dtype=torch.uint8):
+    """An empty tensor for a batch: inside a loader worker, in shared memory, as torch's default_collate allocates
+    it, so that the batch reaches the main process without another copy."""
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage).view(shape)
+
+
+class Samples(list):
+    """TrainDataset's samples of one batch; their images are the slices of one batch tensor, `images`."""
+
+    images = None
 
 
 # ---------------------------------------------------------------------------------------------
