@@ -66,21 +66,23 @@ class TrainDataset(torch.utils.data.Dataset):
         return len(self.records)
 
     def load(self, index, epoch):
-        """One image as decoded (its resize to the training size is folded into the warp that places it), its
+        """One image as decoded (its resize to the training size is folded into the resize that places it), its
         (h, w) at the training size, and its boxes in pixels of that size. A file that broke or disappeared
         during training is reported and replaced by another, drawn from a generator of its own."""
-        rng = np.random.default_rng([self.seed, epoch, index, 1])
+        rng = None
         for _ in range(len(self.records)):
             try:
+                record = self.records[index]
                 # an image 2, 4 or 8 times the training size is decoded at 1/2, 1/4 or 1/8 of it
-                reduce = max((f for f in (8, 4, 2) if max(self.records[index]["shape"]) >= f * self.imgsz), default=1)
-                img = load_original(self.records[index], self.cache, index, reduce)
+                reduce = max((f for f in (8, 4, 2) if max(record["shape"]) >= f * self.imgsz), default=1)
+                img = load_original(record, self.cache, index, reduce)
                 shape = tuple(int(v) for v in resized_shapes(img.shape[:2], self.imgsz)[0])
-                return img, shape, labels_in_pixels(self.records[index], *shape)
+                return img, shape, labels_in_pixels(record, *shape)
             except OSError as e:
                 if index not in self.warned:
                     self.warned.add(index)
                     print(f"WARNING: {e}; replaced by another image", file=sys.stderr)
+                rng = rng or np.random.default_rng([self.seed, epoch, index, 1])  # made only when needed: it costs
                 index = int(rng.integers(len(self.records)))
         raise OSError("no image of the training set can be read any more")
 

@@ -1,7 +1,7 @@
 """Images: reading one (RGB), resizing it for training, and --cache ram, the decoded and resized images
 of a split held in memory (one copy per machine under DDP).
 
-Images are read with cv2 (BGR) and converted to RGB once, in `read_image`; everything after
+Images are read as RGB once, in `read_image` (the decoder writes RGB; older OpenCV: BGR, converted); everything after
 works on uint8 RGB; the training loop divides by 255 on the device (pitfalls D1-D4: channel order
 and value range mixed up between libraries).
 
