@@ -326,6 +326,7 @@ def to_device(images, targets, iteration):
     """pitfall D3: uint8 RGB -> 0..1, last, on the device. The targets stay on the host: the loss pads them there
     and copies them over without a sync (a blocking targets.to(device) waits for the GPU). --multi-scale: the
     size is a multiple of 32 and a pure function of (seed, iteration), so all ranks agree (pitfall M4)."""
+    # the training batch comes channels_last (HWC samples): .float() keeps the layout, .contiguous() copies nothing
     images = images.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=torch.channels_last)
     if args.multi_scale:
         size = multi_scale_size(args.imgsz, args.seed, iteration)

@@ -140,28 +140,30 @@ def run_peer(args, images_dir, size, workers):
         return {int(w): (r["runs"][0], r["cpu_runs"][0], r["loadavg"][0]) for w, r in result.items()}
 
 
-def profile_samples(records, size, hyp, n, cache_ram):
-    """cProfile of n training samples made in this process (workers=0): where a worker's time goes."""
+def profile_samples(records, size, hyp, n, cache_ram, batch):
+    """cProfile of n training samples made in this process (workers=0), a batch at a time as the loader asks for
+    them: where a worker's time goes."""
     dataset = TrainDataset(records, size, hyp, seed=0, cache=cache_images(records, size) if cache_ram else None)
-    for i in range(5):  # first-call costs (imports, allocations)
-        dataset[(0, i)]
-    profiler = cProfile.Profile()
-    start = time.perf_counter()
+    batches = iter(EpochBatchSampler(len(dataset), batch, seed=0))
+    dataset.__getitems__(next(batches))  # first-call costs (imports, allocations)
+    profiler = cProfile.Profile(time.process_time)  # CPU time: on a shared machine, wall time counts the others too
+    start = time.process_time()
     profiler.enable()
-    for i in range(n):
-        dataset[(1, i % len(dataset))]
+    done = 0
+    while done < n:
+        done += len(dataset.__getitems__(next(batches)))
     profiler.disable()
-    seconds = time.perf_counter() - start
+    seconds = time.process_time() - start
     print(
-        f"\nprofile: {n} samples at {size} px in one process: {seconds / n * 1000:.1f} ms/sample"
-        f" ({n / seconds:.1f} img/s, cProfile overhead included) | loadavg {loadavg()}"
+        f"\nprofile: {done} samples at {size} px in one process: {seconds / done * 1000:.1f} CPU-ms/sample"
+        f" ({done / seconds:.1f} img per CPU-second, cProfile overhead included) | loadavg {loadavg()}"
     )
     stats = pstats.Stats(profiler).stats
     rows = sorted(((tt, calls, func) for func, (_, calls, tt, _, _) in stats.items()), reverse=True)[:15]
     print(f"{'ms/sample':>9} | {'share':>5} | {'calls/sample':>12} | function (own time, callees excluded)")
     for tt, calls, (file, line, name) in rows:
         where = name if file == "~" else f"{Path(file).name}:{line} {name}"
-        print(f"{tt / n * 1000:>9.2f} | {tt / seconds:>5.0%} | {calls / n:>12.1f} | {where}")
+        print(f"{tt / done * 1000:>9.2f} | {tt / seconds:>5.0%} | {calls / done:>12.1f} | {where}")
 
 
 def per_worker(args, records, images_dir):
@@ -221,7 +223,7 @@ def per_worker(args, records, images_dir):
                 print(f"ours / Ultralytics, {size} px, {workers} workers: {ratio:.2f}x images/s per worker{cpu}")
     if args.profile:
         for size in args.sizes:
-            profile_samples(records, size, hyp, args.profile, args.cache_ram)
+            profile_samples(records, size, hyp, args.profile, args.cache_ram, args.batch)
 
 
 def time_train_step(images, targets, nc, steps):

@@ -129,6 +129,6 @@ def rgb_image(source, rgb=False):
     if not (isinstance(source, np.ndarray) and source.dtype == np.uint8 and source.ndim == 3 and source.shape[2] == 3):
         what = f"{source.dtype} {source.shape}" if isinstance(source, np.ndarray) else type(source).__name__
         raise ValueError(f"an image must be a path or a uint8 (H, W, 3) array, not {what}")
-    # the same channel swap as read_image's cv2.cvtColor, so a path and its cv2.imread array give one result;
+    # the same channel order read_image gives (RGB), so a path and its cv2.imread array give one result;
     # contiguous, because cv2 refuses views with negative strides (an RGB array made as bgr[..., ::-1])
     return np.ascontiguousarray(source if rgb else source[..., ::-1])

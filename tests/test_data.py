@@ -25,7 +25,16 @@ import torch
 
 from utils import data as D
 from utils import labels as L
-from utils.augment import flip_lr, letterbox, mosaic4, random_affine
+from utils.augment import (
+    PAD_VALUE,
+    draw_tiles,
+    drawn_boxes,
+    flip,
+    letterbox,
+    mosaic_offsets,
+    random_affine_matrix,
+    tile_boxes,
+)
 from utils.boxes import scale_boxes_to_original
 from utils.coco import coco_to_yolo
 from utils.dataset_yaml import DatasetError, load_dataset_yaml
@@ -651,18 +660,27 @@ def test_letterbox_moves_boxes_with_pixels():
         assert_boxes_tight(out, boxes, require_all_pixels=True)
 
 
+def place(images, labels, offsets, canvas, m, out_shape, min_area=0.1):
+    """What TrainDataset.place does with given images and matrix: each image resized straight into the output."""
+    tiles = [(img, (1.0, 1.0), xy) for img, xy in zip(images, offsets)]
+    out = np.full((*out_shape, 3), PAD_VALUE, np.uint8)
+    return out, drawn_boxes(tile_boxes(labels, offsets, canvas, min_area), draw_tiles(out, tiles, canvas, m))
+
+
 def test_flip_moves_boxes_with_pixels():
     img, labels = canvas_with_rects(100, 80, RECTS)
-    out, boxes = flip_lr(img, labels)
-    assert_boxes_tight(out, boxes, tol=0, require_all_pixels=True)
-    assert not np.array_equal(boxes, labels)
+    for lr, ud in ((True, False), (False, True), (True, True)):
+        out, boxes = flip(img, labels, lr, ud)
+        assert_boxes_tight(out, boxes, tol=0, require_all_pixels=True)
+        assert not np.array_equal(boxes, labels)
+        assert np.array_equal(out, img[:: -1 if ud else 1, :: -1 if lr else 1])
 
 
 def test_affine_without_rotation_moves_boxes_with_pixels():
     img, labels = canvas_with_rects(100, 80, RECTS)
     for seed in range(6):
-        rng = np.random.default_rng(seed)
-        out, boxes = random_affine(img, labels, rng, degrees=0, translate=0.1, scale=0.5, shear=0)
+        m, _ = random_affine_matrix(np.random.default_rng(seed), (80, 100), (80, 100), 0, 0.1, 0.5, 0)
+        out, boxes = place([img], [labels], [(0, 0)], 100, m, (80, 100))
         assert out.shape == img.shape and len(boxes)
         assert_boxes_tight(out, boxes)
 
@@ -671,11 +689,11 @@ def test_mosaic_min_area_drops_mostly_cut_boxes_unless_zero():
     # a grid of 7x7 boxes in each image: the mosaic's cuts leave some of them with slivers of every size
     size = 64
     grid = [(0, x, y, x + 7, y + 7) for x in np.arange(0.6, 57, 8) for y in np.arange(0.6, 57, 8)]
-    images, labels = [np.zeros((64, 64, 3), np.uint8)] * 4, [np.array(grid, np.float32)] * 4
+    labels = [np.array(grid, np.float32)] * 4
     slivers = 0
     for seed in range(10):
-        strict = mosaic4(images, labels, size, np.random.default_rng(seed), 0.1)[1]
-        loose = mosaic4(images, labels, size, np.random.default_rng(seed), 0.0)[1]
+        offsets = mosaic_offsets([(64, 64)] * 4, size, np.random.default_rng(seed))
+        strict, loose = (np.concatenate(tile_boxes(labels, offsets, 2 * size, a)) for a in (0.1, 0.0))
         area = lambda b: (b[:, 3] - b[:, 1]) * (b[:, 4] - b[:, 2])  # noqa: E731
         assert (area(loose) > 0).all() and (area(strict) >= 0.1 * 49).all()  # empty boxes never survive
         assert {tuple(b) for b in strict.tolist()} <= {tuple(b) for b in loose.tolist()}
@@ -691,16 +709,68 @@ def test_mosaic_moves_boxes_with_pixels():
         img, lab = canvas_with_rects(w, h, [(w // 4, h // 4, 3 * w // 4, 3 * h // 4, k)])
         images.append(img)
         labels.append(lab)
+    shapes = [im.shape[:2] for im in images]
     for seed in range(6):
         rng = np.random.default_rng(seed)
-        canvas, boxes = mosaic4(images, labels, size, rng)
-        assert canvas.shape == (2 * size, 2 * size, 3)
-        assert_boxes_tight(canvas, boxes, tol=0, require_all_pixels=True)
-        # then the crop back to size x size with a random scale/translation, as training does
-        out, boxes = random_affine(canvas, boxes, rng, 0, 0.1, 0.5, 0, border=(-size // 2, -size // 2))
+        offsets = mosaic_offsets(shapes, size, rng)
+        canvas, boxes = place(images, labels, offsets, 2 * size, np.eye(3), (2 * size, 2 * size))
+        assert_boxes_tight(canvas, boxes, tol=0, require_all_pixels=True)  # the mosaic canvas, to the pixel
+        # straight to size x size with a random scale and translation, as training does
+        m, _ = random_affine_matrix(rng, (2 * size, 2 * size), (size, size), 0, 0.1, 0.5, 0)
+        out, boxes = place(images, labels, offsets, 2 * size, m, (size, size))
         assert out.shape == (size, size, 3)
         if len(boxes):
             assert_boxes_tight(out, boxes)
+
+
+def test_mosaic_sample_boxes_land_on_the_drawn_rectangles(tmp_path):
+    """Through TrainDataset's batch path: images of other sizes than the training size (the load resize is folded
+    into the warp), several rectangles each, mosaic partners from the batch, flips; and with rotation and shear
+    (the canvas path), where a box encloses its turned rectangle."""
+    folder = tmp_path / "images" / "train"
+    for k, (w, h) in enumerate([(200, 150), (120, 160), (160, 160), (240, 120), (90, 150), (150, 100)]):
+        rects = [(w // 8, h // 8, w // 2, h // 2, k % 4), (w // 2 + 8, h // 2 + 8, w - 8, h - 8, (k + 1) % 4)]
+        write_labels(write_image(folder / f"im{k}.png", w, h, rects), w, h, rects)
+    records = L.load_verified([folder], nc=4, split_name="train")
+    hyp = dict(HYP, hsv_h=0, hsv_s=0, hsv_v=0, flipud=0.5, mosaic_min_area=0.5)  # no cut box below half its area
+    dataset = D.TrainDataset(records, 96, hyp, seed=2)
+    checked = 0
+    for epoch in range(3):
+        keys = [(epoch, i) for i in D.epoch_order(6, 2, epoch)]
+        for image, labels in dataset.__getitems__(keys):
+            assert image.shape == (3, 96, 96) and len(labels)
+            assert_boxes_tight(chw_to_hwc(image), labels.numpy(), tol=2)
+            checked += len(labels)
+    assert checked >= 30
+    turned = D.TrainDataset(records, 96, dict(hyp, degrees=20.0, shear=5.0, mosaic_min_area=0.1), seed=2)
+    for image, labels in turned.__getitems__([(0, i) for i in range(6)]):
+        img = chw_to_hwc(image)
+        for cls, x1, y1, x2, y2 in labels.numpy():
+            inside = np.zeros(img.shape[:2], bool)
+            inside[max(int(y1) - 2, 0) : int(y2) + 3, max(int(x1) - 2, 0) : int(x2) + 3] = True
+            assert (colour_mask(img, int(cls)) & inside).sum() > 0.2 * (x2 - x1) * (y2 - y1)
+
+
+def test_a_batch_decodes_each_image_once_and_draws_mosaic_partners_from_itself(tmp_path, monkeypatch):
+    folder = rect_dataset(tmp_path, n=12, w=80, h=64)
+    records = L.load_verified([folder], nc=4, split_name="train")
+    reads = []
+    real = D.load_original
+    monkeypatch.setattr(D, "load_original", lambda record, *a: reads.append(record["im"]) or real(record, *a))
+    dataset = D.TrainDataset(records, 64, dict(HYP, mixup=0.5), seed=0)
+    sampler = D.EpochBatchSampler(12, 4, seed=0)
+    for batch in itertools.islice(iter(sampler), 6):
+        reads.clear()
+        dataset.__getitems__(batch)
+        assert sorted(reads) == sorted(records[i]["im"] for _, i in batch)  # each file once, no other file
+    reads.clear()
+    images, targets = next(iter(D.make_loader(dataset, D.EpochBatchSampler(12, 4, seed=0), workers=0)))
+    assert len(reads) == 4 and images.shape == (4, 3, 64, 64)
+    assert images.is_contiguous(memory_format=torch.channels_last)  # the model's layout: no copy on the device
+    # a sample is a function of (seed, epoch, index) and its batch: the same in any batch of the same images
+    batch = [(0, i) for i in (3, 7, 1, 9)]
+    a, b = dataset.__getitems__(batch), dataset.__getitems__(batch[::-1])
+    assert all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b[::-1]))
 
 
 def test_train_dataset_boxes_stay_tight_through_every_transform(tmp_path):
@@ -719,35 +789,58 @@ def test_train_dataset_boxes_stay_tight_through_every_transform(tmp_path):
     assert checked >= 16
 
 
+def test_an_image_many_times_the_training_size_is_decoded_reduced_and_its_boxes_follow(tmp_path, monkeypatch):
+    folder = rect_dataset(tmp_path, n=4, w=512, h=384, suffix=".jpg")
+    records = L.load_verified([folder], nc=4, split_name="train")
+    reads = []
+    real = D.load_original
+    monkeypatch.setattr(D, "load_original", lambda *a: reads.append(a[-1]) or real(*a))
+    hyp = dict(HYP, hsv_h=0, hsv_s=0, hsv_v=0)
+    for imgsz, reduce in ((64, 8), (128, 4), (200, 2), (300, 1)):
+        reads.clear()
+        for image, labels in D.TrainDataset(records, imgsz, hyp, seed=0).__getitems__([(0, i) for i in range(4)]):
+            assert image.shape == (3, imgsz, imgsz)
+            assert_boxes_tight(chw_to_hwc(image), labels.numpy(), tol=2)
+        assert reads == [reduce] * 4
+
+
 def test_mosaic_is_switched_off_for_the_last_epochs_and_mixup_blends_two(tmp_path, monkeypatch):
     folder = rect_dataset(tmp_path, n=4)
     records = L.load_verified([folder], nc=4, split_name="train")
     dataset = D.TrainDataset(records, 64, HYP, seed=0, mosaic_epochs=2)
     calls = []
-    real = D.TrainDataset.load_mosaic
-    monkeypatch.setattr(D.TrainDataset, "load_mosaic", lambda self, i, rng: calls.append(i) or real(self, i, rng))
+    real = D.TrainDataset.place
+    monkeypatch.setattr(
+        D.TrainDataset, "place", lambda self, loaded, *a: calls.append(len(loaded)) or real(self, loaded, *a)
+    )
     for epoch in range(4):
         for i in range(4):
             dataset[epoch, i]
-    assert len(calls) == 8  # epochs 0 and 1 only
+    assert calls == [4] * 8 + [1] * 8  # mosaics in epochs 0 and 1 only, then letterboxed single images
     calls.clear()
     mixed = D.TrainDataset(records, 64, dict(HYP, mixup=1.0), seed=0)
     image, labels = mixed[0, 0]
-    assert len(calls) == 2 and image.shape == (3, 64, 64)
+    assert calls == [4, 4] and image.shape == (3, 64, 64)
 
 
 def test_cache_ram_gives_the_same_samples(tmp_path):
-    folder = rect_dataset(tmp_path, n=4, w=80, h=60)
-    records = L.load_verified([folder], nc=4, split_name="train")
-    a = D.TrainDataset(records, 64, HYP, seed=3)
-    b = D.TrainDataset(records, 64, HYP, seed=3, cache=cache_images(records, 64))
-    for key in [(0, 0), (0, 3), (1, 2)]:
-        (ia, la), (ib, lb) = a[key], b[key]
-        assert torch.equal(ia, ib) and torch.equal(la, lb)
-    before = [im.copy() for im in b.cache]
-    for i in range(4):
-        b[0, i]
-    assert all(np.array_equal(x, y) for x, y in zip(before, b.cache))  # augmentation never writes into the cache
+    # Images already at the training size: bitwise the same. Larger ones: the cache holds them resized once (INTER_AREA,
+    # as validation does) where from disk the load resize is folded into the one resize that places each image.
+    for (w, h), exact in (((64, 48), True), ((80, 60), False)):
+        records = L.load_verified([rect_dataset(tmp_path / f"{w}", n=4, w=w, h=h)], nc=4, split_name="train")
+        a = D.TrainDataset(records, 64, HYP, seed=3)
+        b = D.TrainDataset(records, 64, HYP, seed=3, cache=cache_images(records, 64))
+        for keys in [[(0, 0)], [(0, 3)], [(1, i) for i in range(4)]]:
+            for (ia, la), (ib, lb) in zip(a.__getitems__(keys), b.__getitems__(keys)):
+                if exact:
+                    assert torch.equal(la, lb) and torch.equal(ia, ib)
+                else:  # each image is resized from whole source pixels: the boxes follow, within one pixel
+                    assert la.shape == lb.shape and (la - lb).abs().max() < 1
+                    assert (ia.float() - ib.float()).abs().mean() < 3
+        before = [im.copy() for im in b.cache]
+        for i in range(4):
+            b[0, i]
+        assert all(np.array_equal(x, y) for x, y in zip(before, b.cache))  # augmentation never writes into the cache
 
 
 def test_cache_ram_that_would_not_fit_falls_back_to_reading_from_disk(tmp_path, monkeypatch, log_lines):

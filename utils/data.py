@@ -7,6 +7,7 @@ RGB uint8, or from the RAM cache the caller built and passed in).
 
 import atexit
 import functools
+import math
 import multiprocessing
 import os
 import random
@@ -18,8 +19,20 @@ import cv2
 import numpy as np
 import torch
 
-from utils.augment import augment_hsv, flip_lr, flip_ud, letterbox, mosaic4, random_affine
-from utils.images import load_resized
+from utils.augment import (
+    PAD_VALUE,
+    augment_hsv,
+    draw_tiles,
+    drawn_boxes,
+    flip,
+    letterbox,
+    mosaic_offsets,
+    random_affine_matrix,
+    tile_boxes,
+    transform_boxes,
+    warp,
+)
+from utils.images import labels_in_pixels, load_original, load_resized, resized_shapes
 from utils.records import as_records
 
 # ---------------------------------------------------------------------------------------------
@@ -34,7 +47,13 @@ def sample_rng(seed, epoch, index):
 
 
 class TrainDataset(torch.utils.data.Dataset):
-    """Training samples with mosaic, affine, HSV, flips (and mixup). Indexed by (epoch, index)."""
+    """Training samples with mosaic, affine, HSV, flips (and mixup). Indexed by (epoch, index).
+
+    The DataLoader asks for a whole batch at once (__getitems__): each image of the batch is decoded once, and
+    a mosaic takes its three other images from the same batch (a batch of one draws them from the whole set).
+    Ultralytics draws them from a buffer of the images its worker decoded last, which depends on the worker
+    count and on the past; a batch is a pure function of (seed, epoch, batch index), so a sample stays one of
+    (seed, epoch, index, its batch), whatever the workers, and exact resume holds."""
 
     def __init__(self, records, imgsz, hyp, seed=0, mosaic_epochs=None, cache=None):
         """cache: utils.images.cache_images(records, imgsz, ...), one image (or None) per record; None: from disk."""
@@ -46,51 +65,109 @@ class TrainDataset(torch.utils.data.Dataset):
     def __len__(self):
         return len(self.records)
 
-    def load(self, index, rng):
-        """Load one image; a file that broke or disappeared during training is reported and replaced."""
+    def load(self, index, epoch):
+        """One image as decoded (its resize to the training size is folded into the resize that places it), its
+        (h, w) at the training size, and its boxes in pixels of that size. A file that broke or disappeared
+        during training is reported and replaced by another, drawn from a generator of its own."""
+        rng = None
         for _ in range(len(self.records)):
             try:
-                return load_resized(self.records[index], self.imgsz, self.cache, index)
+                record = self.records[index]
+                # an image 2, 4 or 8 times the training size is decoded at 1/2, 1/4 or 1/8 of it
+                reduce = max((f for f in (8, 4, 2) if max(record["shape"]) >= f * self.imgsz), default=1)
+                img = load_original(record, self.cache, index, reduce)
+                shape = tuple(int(v) for v in resized_shapes(img.shape[:2], self.imgsz)[0])
+                return img, shape, labels_in_pixels(record, *shape)
             except OSError as e:
                 if index not in self.warned:
                     self.warned.add(index)
                     print(f"WARNING: {e}; replaced by another image", file=sys.stderr)
+                rng = rng or np.random.default_rng([self.seed, epoch, index, 1])  # made only when needed: it costs
                 index = int(rng.integers(len(self.records)))
         raise OSError("no image of the training set can be read any more")
 
+    def __getitems__(self, keys):
+        """The samples of one batch of (epoch, index) keys, each image decoded once. Each sample is written straight
+        into its slice of the batch tensor (shared memory in a loader worker), which collate then takes as it is."""
+        loaded = {}
+
+        def get(index, epoch):
+            if index not in loaded:
+                loaded[index] = self.load(index, epoch)
+            return loaded[index]
+
+        batch = [index for _, index in keys]
+        images = batch_buffer((len(keys), self.imgsz, self.imgsz, 3))
+        samples = Samples(self.sample(epoch, index, batch, get, out) for (epoch, index), out in zip(keys, images))
+        samples.images = images.permute(0, 3, 1, 2)  # HWC memory seen as NCHW: channels_last, the model's layout
+        return samples
+
     def __getitem__(self, key):
-        epoch, index = key
+        return self.__getitems__([key])[0]
+
+    def partners(self, index, batch, rng, k=3):
+        """k images to go with `index` (a mosaic's other three, or mixup's second mosaic): drawn from the others of
+        its batch, or from the whole set when the batch has fewer than k others (a batch of one)."""
+        others = sorted(i for i in batch if i != index)  # sorted: the batch's order does not matter
+        if len(others) < k:
+            others += [int(i) for i in rng.integers(0, len(self), k - len(others))]
+        return [others[i] for i in rng.integers(0, len(others), k)]
+
+    def sample(self, epoch, index, batch, get, out):
+        """One sample, its image written into `out` (uint8 HWC tensor); returns the image seen as CHW and the boxes."""
         rng = sample_rng(self.seed, epoch, index)
-        hyp, s = self.hyp, self.imgsz
+        hyp = self.hyp
         use_mosaic = rng.random() < hyp["mosaic"] and (self.mosaic_epochs is None or epoch < self.mosaic_epochs)
+        flips = rng.random() < hyp["fliplr"], rng.random() < hyp["flipud"]  # left-right, up-down
         if use_mosaic:
-            img, labels = self.load_mosaic(index, rng)
+            img, labels = self.place([get(i, epoch) for i in [index, *self.partners(index, batch, rng)]], rng, flips)
             if hyp["mixup"] and rng.random() < hyp["mixup"]:
-                img2, labels2 = self.load_mosaic(int(rng.integers(len(self))), rng)
+                img = img.copy()  # the next place() draws into the same scratch buffers
+                other = self.partners(index, batch, rng, 1)[0]
+                second = [get(i, epoch) for i in [other, *self.partners(other, batch, rng)]]
+                img2, labels2 = self.place(second, rng, flips)
                 lam = rng.beta(32.0, 32.0)
                 img = (img * lam + img2 * (1 - lam)).astype(np.uint8)
                 labels = np.concatenate((labels, labels2), 0)
         else:
-            img, labels = self.load(index, rng)
-            img, ratio, (left, top) = letterbox(img, (s, s))
-            labels[:, 1:] = labels[:, 1:] * ratio + (left, top, left, top)
-            img, labels = random_affine(img, labels, rng, hyp["degrees"], hyp["translate"], hyp["scale"], hyp["shear"])
-        augment_hsv(img, rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"])
-        if rng.random() < hyp["fliplr"]:
-            img, labels = flip_lr(img, labels)
-        if rng.random() < hyp["flipud"]:
-            img, labels = flip_ud(img, labels)
-        image = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))  # uint8 RGB, CHW
-        return image, torch.from_numpy(labels.astype(np.float32)).reshape(-1, 5)
+            img, labels = self.place([get(index, epoch)], rng, flips)
+        augment_hsv(img, rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"], dst=out.numpy())
+        return out.permute(2, 0, 1), torch.from_numpy(labels.astype(np.float32)).reshape(-1, 5)
 
-    def load_mosaic(self, index, rng):
-        indices = [index] + [int(i) for i in rng.integers(0, len(self), 3)]
-        loaded = [self.load(i, rng) for i in indices]
-        hyp = self.hyp
-        images, labels = [im for im, _ in loaded], [lb for _, lb in loaded]
-        canvas, labels = mosaic4(images, labels, self.imgsz, rng, hyp["mosaic_min_area"])
-        border = (-self.imgsz // 2, -self.imgsz // 2)
-        return random_affine(canvas, labels, rng, hyp["degrees"], hyp["translate"], hyp["scale"], hyp["shear"], border)
+    def scratch(self, name, shape):
+        """A buffer this process reuses from sample to sample (fresh arrays of a few MB cost page faults each time)."""
+        buffers = self.__dict__.setdefault("buffers", {})
+        if name not in buffers or buffers[name].shape != shape:
+            buffers[name] = np.empty(shape, np.uint8)
+        return buffers[name]
+
+    def place(self, loaded, rng, flips):
+        """Four loaded images as a mosaic (one: letterboxed), then the random affine and the flips, each image drawn
+        once from its decoded pixels into the output. Returns the image and its boxes."""
+        hyp, s = self.hyp, self.imgsz
+        images, shapes, labels = zip(*loaded)
+        if len(loaded) == 4:
+            canvas, offsets = 2 * s, mosaic_offsets(shapes, s, rng)
+        else:
+            canvas, offsets = s, [((s - shapes[0][1]) // 2, (s - shapes[0][0]) // 2)]  # letterbox, centred
+        labels = tile_boxes(labels, offsets, canvas, hyp["mosaic_min_area"] if len(loaded) == 4 else 0)
+        m, scale = random_affine_matrix(
+            rng, (canvas, canvas), (s, s), hyp["degrees"], hyp["translate"], hyp["scale"], hyp["shear"]
+        )
+        tiles = [(im, (w / im.shape[1], h / im.shape[0]), xy) for im, (h, w), xy in zip(images, shapes, offsets)]
+        if m[0, 1] == 0 and m[1, 0] == 0 and m[0, 0] > 0 and m[1, 1] > 0:  # scale and shift: each image into the output
+            out = self.scratch("tiles", (s, s, 3))
+            out.fill(PAD_VALUE)
+            boxes = drawn_boxes(labels, draw_tiles(out, tiles, canvas, m))
+        else:  # rotation or shear: a rectangle would not tile the output, so the images go on the canvas first
+            pasted = self.scratch("canvas", (canvas, canvas, 3))
+            pasted.fill(PAD_VALUE)
+            boxes = drawn_boxes(labels, draw_tiles(pasted, tiles, canvas, np.eye(3)))
+            out, boxes = (
+                warp(pasted, m, (s, s), self.scratch("tiles", (s, s, 3))),
+                transform_boxes(boxes, m, (s, s), scale),
+            )
+        return flip(out, boxes, *flips, dst=self.scratch("flipped", (s, s, 3)))
 
 
 class ValDataset(torch.utils.data.Dataset):
@@ -134,11 +211,43 @@ class ValDataset(torch.utils.data.Dataset):
 
 
 def collate(batch):
-    """Stack images; targets become one (N, 6) tensor of (image index in batch, class, x1, y1, x2, y2)."""
-    images = torch.stack([b[0] for b in batch])
+    """Stack images; targets become one (N, 6) tensor of (image index in batch, class, x1, y1, x2, y2).
+
+    Training images come already in one channels_last batch tensor (TrainDataset.__getitems__), validation ones
+    are stacked here; in a loader worker either is in shared memory, so it reaches the main process uncopied."""
+    if isinstance(batch, Samples):  # TrainDataset wrote them into one batch tensor already
+        images = batch.images
+    else:
+        images = stack([b[0] for b in batch])
     targets = [torch.cat((torch.full((len(b[1]), 1), i, dtype=torch.float32), b[1]), 1) for i, b in enumerate(batch)]
     out = (images, torch.cat(targets, 0))
     return out + ([b[2] for b in batch],) if len(batch[0]) > 2 else out
+
+
+def stack(images):
+    """One batch tensor of these images, in the memory layout they come in (HWC seen as CHW: channels_last)."""
+    first = images[0]
+    channels_last = first.dim() == 3 and first.stride(0) == 1 and not first.is_contiguous()  # HWC seen as CHW
+    shape = (len(images), *first.shape[1:], first.shape[0]) if channels_last else (len(images), *first.shape)
+    out = batch_buffer(shape, first.dtype)
+    if channels_last:
+        return torch.stack([im.permute(1, 2, 0) for im in images], out=out).permute(0, 3, 1, 2)
+    return torch.stack(images, out=out)
+
+
+def batch_buffer(shape, dtype=torch.uint8):
+    """An empty tensor for a batch: inside a loader worker, in shared memory, as torch's default_collate allocates
+    it, so that the batch reaches the main process without another copy."""
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage).view(shape)
+
+
+class Samples(list):
+    """TrainDataset's samples of one batch; their images are the slices of one batch tensor, `images`."""
+
+    images = None
 
 
 # ---------------------------------------------------------------------------------------------

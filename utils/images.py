@@ -1,7 +1,7 @@
 """Images: reading one (RGB), resizing it for training, and --cache ram, the decoded and resized images
 of a split held in memory (one copy per machine under DDP).
 
-Images are read with cv2 (BGR) and converted to RGB once, in `read_image`; everything after
+Images are read as RGB once, in `read_image` (the decoder writes RGB; older OpenCV: BGR, converted); everything after
 works on uint8 RGB; the training loop divides by 255 on the device (pitfalls D1-D4: channel order
 and value range mixed up between libraries).
 
@@ -23,32 +23,49 @@ from utils.records import as_records
 log = logging.getLogger("yolo")
 
 
-def read_image(path):
-    """Read an image as RGB uint8, EXIF orientation applied (cv2.imread does), or None."""
-    img = cv2.imread(path, cv2.IMREAD_COLOR)
-    if img is None:
-        return None
+RGB_FLAG = getattr(cv2, "IMREAD_COLOR_RGB", None)  # OpenCV >= 4.10: the decoder writes RGB itself, no conversion
+REDUCED_FLAGS = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
+
+
+def read_image(path, reduce=1):
+    """Read an image as RGB uint8, EXIF orientation applied (cv2.imread does), or None. reduce (2, 4 or 8): at
+    that fraction of its size, which a JPEG decodes in a fraction of the time (libjpeg scales its DCT)."""
+    flags = REDUCED_FLAGS.get(reduce, cv2.IMREAD_COLOR)
     # pitfalls D1-D2: cv2 reads BGR, the model and the HSV code expect RGB: convert once, here
-    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+    if RGB_FLAG is not None:
+        return cv2.imread(path, flags & ~cv2.IMREAD_COLOR | RGB_FLAG)
+    img = cv2.imread(path, flags)
+    return None if img is None else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+
+
+def load_original(record, cache=None, index=None, reduce=1):
+    """The record's image as read (RGB uint8; reduce: see read_image), or its copy in the RAM cache (already
+    resized); OSError when the file can no longer be read."""
+    img = cache[index] if cache is not None and cache[index] is not None else None
+    if img is None:
+        img = read_image(record["im"], reduce)
+        if img is None:
+            raise OSError(f"image {record['im']} can no longer be read")
+    return img
+
+
+def labels_in_pixels(record, h, w):
+    """The record's boxes (class, x1, y1, x2, y2) in pixels of an h x w image (they are stored normalised)."""
+    labels = np.array(record["labels"], dtype=np.float32).reshape(-1, 5)
+    labels[:, [1, 3]] *= w
+    labels[:, [2, 4]] *= h
+    return labels
 
 
 def load_resized(record, imgsz, cache=None, index=None):
     """RGB uint8 image resized so its long side is imgsz, and its labels in pixels of that size."""
-    img = cache[index] if cache is not None and cache[index] is not None else None
-    if img is None:
-        img = read_image(record["im"])
-        if img is None:
-            raise OSError(f"image {record['im']} can no longer be read")
-        h, w = img.shape[:2]
-        r = imgsz / max(h, w)
-        if r != 1:  # resized_shapes: the one rounding rule, also behind the RAM cache's buffer
-            nh, nw = resized_shapes((h, w), imgsz)[0]
-            img = cv2.resize(img, (int(nw), int(nh)), interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR)
+    img = load_original(record, cache, index)
     h, w = img.shape[:2]
-    labels = np.array(record["labels"], dtype=np.float32).reshape(-1, 5)
-    labels[:, [1, 3]] *= w
-    labels[:, [2, 4]] *= h
-    return img, labels
+    r = imgsz / max(h, w)
+    if r != 1:  # resized_shapes: the one rounding rule, also behind the RAM cache's buffer
+        nh, nw = resized_shapes((h, w), imgsz)[0]
+        img = cv2.resize(img, (int(nw), int(nh)), interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR)
+    return img, labels_in_pixels(record, *img.shape[:2])
 
 
 def resized_shapes(shapes, imgsz):
