@@ -386,7 +386,12 @@ def check(path, model, module, x, args, tolerance, torch_ms, parity="raw"):
     raw_ok = args.nms or torch.allclose(theirs, raw, rtol=tolerance, atol=tolerance)
     # Boxes are not held to a tolerance here: among overlapping boxes with tied scores, NMS may
     # legitimately keep another one (see compare_detections); the raw check covers box values.
-    ok = parity is None or ((raw_ok or parity == "detections") and unmatched == 0 and score_difference <= tolerance)
+    # Where the graph's output is the raw predictions, the NMS after it is ours on both sides: with the raw output
+    # within tolerance, a detection kept on one side only is a near-tie of two overlapping boxes (fp16 flips them
+    # on barely trained weights), printed but not a failure. The detections judge graphs that give them.
+    detections_judge = args.nms or args.end2end or parity == "detections"
+    detections_ok = unmatched == 0 and score_difference <= tolerance
+    ok = parity is None or ((raw_ok or parity == "detections") and (detections_ok or not detections_judge))
     their_ms = median_latency(exported["run"], x, args.runs)
     print(
         f"{label(path):>24}: raw output max |diff| {raw_difference}; "
