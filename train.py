@@ -232,8 +232,9 @@ ema = ModelEMA(model, args.ema_decay, args.ema_tau) if is_main else None  # rank
 optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weight_decay)
 # fp16 only (bf16 has fp32's range); its scale goes into last.pt (pitfall T1: else a resume searches it again)
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
-loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl, tiny_box=args.tiny_box, class_weights=class_weights)
-loss_fn.epochs = args.epochs  # YOLO26's ProgLoss: the one-to-one branch's share grows with the epoch (set per epoch)
+loss_fn = DetectionLoss(
+    model.head, args.box, args.cls, args.dfl, tiny_box=args.tiny_box, class_weights=class_weights, epochs=args.epochs
+)
 
 # -----------------------------------------------------------------------------------------------
 # Loop state: what the loop carries from one step to the next. last.pt saves it (training_state, below) and a
@@ -331,9 +332,8 @@ def to_device(images, targets, iteration):
     if args.multi_scale:
         size = multi_scale_size(args.imgsz, args.seed, iteration)
         if size != images.shape[-1]:
-            targets = torch.cat(
-                (targets[:, :2], targets[:, 2:] * (size / images.shape[-1])), 1
-            )  # crash/ keeps the original
+            # a new tensor: crash/ keeps the original
+            targets = torch.cat((targets[:, :2], targets[:, 2:] * (size / images.shape[-1])), 1)
             images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
     return images, targets
 

@@ -207,8 +207,7 @@ def test_yolo26_loss_one_positive_per_object_progressive_weight_and_it_learns():
     assert fg.sum() == 2 and sorted(assigned[fg].tolist()) == [0, 1]  # the one-to-one rule: one anchor per box
     torch.manual_seed(0)
     model = YOLO("26n", nc=3).train()
-    loss_fn = DetectionLoss(model.head)
-    loss_fn.epochs = 10
+    loss_fn = DetectionLoss(model.head, epochs=10)
     images = torch.rand(2, 3, 64, 64)
     targets = torch.tensor([[0, 0, 8, 8, 40, 36], [0, 2, 30, 30, 60, 62], [1, 1, 4, 20, 24, 44]])
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)

@@ -107,14 +107,16 @@ class DetectionLoss:
     total: a scalar to backpropagate; parts: detached tensor of (box, cls, dfl), per image. Both fp32.
     Without DFL (reg_max 1, YOLO26) the third term is an L1 loss on the 4 side distances, in fractions of the image
     size. With a one-to-one branch (YOLO26: the maps come as {"one2many", "one2one"}) the total is the two branches'
-    losses weighted by one_to_many_weight(self.epoch, self.epochs) (train.py sets both), and parts are the one-to-one
-    branch's (what inference uses; Ultralytics logs the same). The one-to-one assignment picks topk 7 candidates and
-    keeps the best one per object.
+    losses weighted by one_to_many_weight(self.epoch, self.epochs) (train.py sets the epoch), and parts are the
+    one-to-one branch's (what inference uses; Ultralytics logs the same). The one-to-one assignment picks topk 7
+    candidates and keeps the best one per object.
     `assignments_on_cpu` counts the label assignments that ran out of GPU memory and were redone on
     the CPU, a running total (train.py reports how many each epoch added).
     """
 
-    def __init__(self, head, box_gain=7.5, cls_gain=0.5, dfl_gain=1.5, topk=10, tiny_box=TINY_SIDE, class_weights=None):
+    def __init__(
+        self, head, box_gain=7.5, cls_gain=0.5, dfl_gain=1.5, topk=10, tiny_box=TINY_SIDE, class_weights=None, epochs=1
+    ):
         self.nc, self.reg_max, self.strides = head.nc, head.reg_max, head.strides
         self.gains = (box_gain, cls_gain, dfl_gain)
         # --cls-weights: one factor per class channel of the BCE, on its positives and its negatives alike. Weighting
@@ -124,7 +126,7 @@ class DetectionLoss:
         # of its false positives. None: the plain BCE, bitwise as without the option.
         self.class_weights = None if class_weights is None else torch.tensor(class_weights, dtype=torch.float32)
         self.topk, self.tiny_box = topk, tiny_box
-        self.epoch, self.epochs = 0, 1  # ProgLoss's position (end-to-end heads only)
+        self.epoch, self.epochs = 0, epochs  # ProgLoss's position (end-to-end heads only; train.py sets the epoch)
         self.assignments_on_cpu = 0
 
     def __call__(self, maps, targets):
