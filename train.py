@@ -517,4 +517,7 @@ if is_main:
         mlflow_run.finish(run_dir)
     log.info(f"done in {run_dir}: weights/best.pt, weights/last.pt, results.csv, results.png")
 if world_size > 1:
+    # every rank leaves together: a rank that tore gloo down while rank 0 still evaluated died at exit in
+    # std::terminate ("terminate called without an active exception"), and srun then failed the whole job
+    barrier(world_size, flags_group)
     dist.destroy_process_group()
