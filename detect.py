@@ -13,7 +13,7 @@ A stream URL and each source of a .streams file are read in a thread of their ow
 newest frame (utils/streams.py): a slow model skips frames instead of falling behind. A source that
 drops is reopened a few times, then reported in one sentence; the others go on.
 
---weights: a .pt checkpoint, or an .onnx / .torchscript file or OpenVINO folder from export.py (they
+--weights: a .pt checkpoint, or an .onnx / .torchscript / .tflite file or OpenVINO folder from export.py (they
 carry their class names, image size and NMS settings, so nothing else is needed).
 
 From Python, in an application: models/predict.py (load, predict), the same path every image here takes.
@@ -65,7 +65,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--weights",
         default="",
-        help=".pt, .onnx, .torchscript or OpenVINO folder (default: newest runs/train/*/weights/best.pt)",
+        help=".pt, .onnx, .torchscript, .tflite or OpenVINO folder (default: newest runs/train/*/weights/best.pt)",
     )
     parser.add_argument(
         "--source",

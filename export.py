@@ -1,5 +1,5 @@
-"""Export a checkpoint to ONNX, TorchScript and OpenVINO, in fp32, fp16 or INT8; check each file against PyTorch
-and score its mAP next to the checkpoint's.
+"""Export a checkpoint to ONNX, TorchScript, OpenVINO and TFLite, in fp32, fp16 or INT8; check each file against
+PyTorch and score its mAP next to the checkpoint's.
 
     python export.py --onnx                              # newest runs/train/*/weights/best.pt -> best.onnx
     python export.py --weights best.pt --onnx --torchscript --imgsz 640
@@ -9,11 +9,12 @@ and score its mAP next to the checkpoint's.
     python export.py --openvino                          # best_openvino_model/ (--half: fp16 weights)
     python export.py --openvino --int8                   # best_int8_openvino_model/, calibrated on --data's images
     python export.py --onnx --int8                       # best_int8.onnx (ONNX Runtime static quantization, QDQ)
+    python export.py --tflite                            # best.tflite (LiteRT, for phones; fp32)
     python export.py --benchmark                         # every format: size, mAP, latency, speed-up, one table
 
 The files are written next to the weights (best.onnx, best.torchscript, best_openvino_model/, best_int8.onnx,
-best_int8_openvino_model/). Conv+BN are fused first, so the graph holds no BatchNorm and nothing else that only
-training uses.
+best_int8_openvino_model/, best.tflite). Conv+BN are fused first, so the graph holds no BatchNorm and nothing else
+that only training uses.
 
 Outputs of the exported model (input "images": (batch, 3, h, w), RGB, float, 0..1, letterboxed):
   without --nms  "output": (batch, anchors, 4 + nc) = x1 y1 x2 y2 in input pixels, then the
@@ -27,15 +28,15 @@ Outputs of the exported model (input "images": (batch, 3, h, w), RGB, float, 0..
                  NMS is class-aware, one class per box (its best), with --conf, --iou and --max-det
                  fixed in the graph, exactly what utils.boxes.non_max_suppression does in Python.
 The metadata (ONNX metadata_props, metadata.json in the TorchScript file's extra files, the rt_info of the
-OpenVINO .xml) holds the class names, stride, imgsz, batch, whether the shape is dynamic, the precision, the NMS
-settings, the dataset yaml and the input/output names and shapes, each as JSON: val.py and detect.py need
-nothing else.
+OpenVINO .xml, metadata.json in a small zip archive appended to the .tflite file) holds the class names, stride,
+imgsz, batch, whether the shape is dynamic, the precision, the NMS settings, the dataset yaml and the input/output
+names and shapes, each as JSON: val.py and detect.py need nothing else.
 
 INT8 (--int8) is post-training quantization calibrated on --calib-images images of the training split of
 --data (default: the dataset the checkpoint was trained on), letterboxed exactly as at inference. The layers that
 KEEP_FLOAT names stay in float: quantizing them costs mAP for no speed (README, "Deploy").
 
-After writing, each file is run (ONNX Runtime / TorchScript / OpenVINO) on a dataset image (or a generated one)
+After writing, each file is run (ONNX Runtime / TorchScript / OpenVINO / LiteRT) on a dataset image (or a generated one)
 next to PyTorch. The largest differences of the raw outputs and of the detections, and the median latencies are
 printed. The exit code is non-zero if they disagree: raw outputs beyond a relative and absolute tolerance of 1e-3
 (1e-2 in fp16; an OpenVINO fp16 IR is judged by its detections, INT8 files by their mAP only), or detections that
@@ -48,6 +49,7 @@ try. A checkpoint with no dataset of ours (an Ultralytics file without --data) s
 """
 
 import argparse
+import contextlib
 import copy
 import importlib.util
 import json
@@ -57,6 +59,7 @@ import shutil
 import sys
 import tempfile
 import warnings
+import zipfile
 from pathlib import Path
 
 import cv2
@@ -104,6 +107,7 @@ def parse_args(argv=None):
     parser.add_argument("--onnx", action="store_true", help="write .onnx (the default when no format is named)")
     parser.add_argument("--torchscript", action="store_true", help="write .torchscript")
     parser.add_argument("--openvino", action="store_true", help="write an OpenVINO IR folder (needs openvino)")
+    parser.add_argument("--tflite", action="store_true", help="write .tflite, fp32 (needs litert-torch)")
     parser.add_argument(
         "--int8", action="store_true", help="INT8 quantization calibrated on --data's training images (ONNX, OpenVINO)"
     )
@@ -276,6 +280,26 @@ def export_torchscript(module, x, path, args, metadata):
         torch.jit.save(traced, str(path), _extra_files={METADATA_FILE: json.dumps(export_metadata(**metadata))})
 
 
+def export_tflite(module, x, path, metadata):
+    """A TFLite (LiteRT) flatbuffer converted from the PyTorch module by litert-torch (torch.export, then LiteRT's
+    converter; the input stays NCHW like the other formats), and the metadata as metadata.json in a zip archive
+    appended to it, where the interpreter, which reads the flatbuffer from its start, does not look."""
+    litert_torch = import_optional("litert_torch", "--tflite", package="litert-torch")
+    # converted on the CPU, in fp32, from contiguous weights: channels_last ones (as loaded) came out wrong (raw
+    # outputs 24 px off)
+    module = copy.deepcopy(module).float().cpu().eval().to(memory_format=torch.contiguous_format)
+    x = x.float().cpu().contiguous()
+    with contextlib.redirect_stdout(sys.stderr):  # its progress lines are not part of the report
+        litert_torch.convert(module, (x,)).export(str(path))
+    with torch.no_grad():
+        output = list(module(x).shape)
+    metadata.update(
+        input_names=["images"], output_names=["output"], input_shapes=[list(x.shape)], output_shapes=[output]
+    )
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr(METADATA_FILE, json.dumps(export_metadata(**metadata)))
+
+
 def keep_float(name):
     """Whether the node `name` stays in float in an INT8 export (KEEP_FLOAT)."""
     return any(re.search(pattern, name) for pattern in KEEP_FLOAT)
@@ -336,12 +360,15 @@ def quantize_onnx(fp32_path, path, metadata, calibration):
     onnx.save(graph, str(path))
 
 
-def import_optional(name, what):
+def import_optional(name, what, package=None):
     """An optional package that `what` needs, or exit with one sentence saying how to install it."""
     try:
         return importlib.import_module(name)
     except ImportError:
-        sys.exit(f"error: {what} needs {name}, which is not installed: pip install {name} (or -r requirements-dev.txt)")
+        sys.exit(
+            f"error: {what} needs {name}, which is not installed: pip install {package or name} "
+            "(or -r requirements-dev.txt)"
+        )
 
 
 def calibration_inputs(data, imgsz, n, batch):
@@ -402,12 +429,12 @@ def check(path, model, module, x, args, tolerance, torch_ms, parity="raw"):
     return ok, their_ms
 
 
-FORMAT_NAMES = {"onnx": "ONNX Runtime", "torchscript": "TorchScript", "openvino": "OpenVINO"}
+FORMAT_NAMES = {"onnx": "ONNX Runtime", "torchscript": "TorchScript", "openvino": "OpenVINO", "tflite": "LiteRT"}
 
 
 def output_path(weights, fmt, precision, folder=None, tag_fp16=False):
     """Where an export is written: best.onnx, best_int8.onnx, best.torchscript, best_openvino_model/best.xml,
-    best_int8_openvino_model/best.xml, next to the weights (or in `folder`)."""
+    best_int8_openvino_model/best.xml, best.tflite, next to the weights (or in `folder`)."""
     weights = Path(weights)
     folder = Path(folder or weights.parent)
     stem = weights.stem + {"int8": "_int8", "fp16": "_fp16" if tag_fp16 else ""}.get(precision, "")
@@ -491,8 +518,12 @@ def jobs_of(args):
     """(format, precision) of each export asked for: --benchmark takes every format this machine can run."""
     if not args.benchmark:
         precision = "int8" if args.int8 else "fp16" if args.half else "fp32"
-        return [(fmt, precision) for fmt in ("onnx", "torchscript", "openvino") if getattr(args, fmt)]
+        return [(fmt, precision) for fmt in ("onnx", "torchscript", "openvino", "tflite") if getattr(args, fmt)]
     jobs = [("torchscript", "fp32"), ("onnx", "fp32"), ("onnx", "int8")]
+    if importlib.util.find_spec("litert_torch") and importlib.util.find_spec("ai_edge_litert"):
+        jobs.append(("tflite", "fp32"))
+    else:
+        print("note: TFLite left out of the benchmark: it is not installed (pip install litert-torch ai-edge-litert)")
     if importlib.util.find_spec("openvino") is None:
         print("note: OpenVINO left out of the benchmark: it is not installed (pip install openvino nncf)")
         return jobs
@@ -509,7 +540,7 @@ def main(argv=None):
         weights = weights_or_newest(args.weights)
     except CheckpointError as e:
         sys.exit(f"error: {e}")
-    if not (args.onnx or args.torchscript or args.openvino or args.benchmark):
+    if not (args.onnx or args.torchscript or args.openvino or args.tflite or args.benchmark):
         args.onnx = True
     device = select_device(args.device)
     if args.simplify and not (importlib.util.find_spec("onnxslim") or importlib.util.find_spec("onnxsim")):
@@ -518,6 +549,8 @@ def main(argv=None):
         sys.exit("error: --nms needs --opset 11 or newer (ONNX NonMaxSuppression)")
     if args.int8 and (args.half or args.nms or args.torchscript):
         sys.exit("error: --int8 quantizes the raw network to ONNX or OpenVINO; leave out --half, --nms, --torchscript")
+    if args.tflite and (args.half or args.int8 or args.nms or args.dynamic):
+        sys.exit("error: --tflite exports the fp32 network at a fixed size; leave out --half, --int8, --nms, --dynamic")
     if args.benchmark and (args.batch != 1 or args.nms or args.half or args.int8 or args.dynamic):
         sys.exit(
             "error: --benchmark measures every format at batch 1 as exported by default; give no other format flag"
@@ -527,7 +560,7 @@ def main(argv=None):
             import_openvino("--openvino")
         except CheckpointError as e:
             sys.exit(f"error: {e}")
-    if Path(weights).suffix in (".onnx", ".torchscript", ".xml") or Path(weights).is_dir():
+    if Path(weights).suffix in (".onnx", ".torchscript", ".tflite", ".xml") or Path(weights).is_dir():
         sys.exit(f"error: {weights} is already an exported model; export.py takes a .pt checkpoint")
     try:
         network, train_args = load_model(weights)  # fused: no training-only parts in the graph
@@ -587,6 +620,8 @@ def main(argv=None):
             path.parent.mkdir(parents=True, exist_ok=True)
             if fmt == "torchscript":
                 export_torchscript(module, x, path, args, meta)
+            elif fmt == "tflite":
+                export_tflite(module, x, path, meta)
             elif fmt == "onnx" and precision != "int8":
                 export_onnx(module, x, path, args, meta)
             else:  # OpenVINO and INT8 start from an fp32 ONNX graph

@@ -5,7 +5,7 @@
     python val.py --weights best.pt --data coco.yaml --save-json   # + COCO-format detections
     python val.py --weights runs/train/exp/weights/best_int8_openvino_model   # what you ship: any export.py format
 
---weights: a .pt (ours or Ultralytics'), or an .onnx, .torchscript or OpenVINO folder from export.py, which
+--weights: a .pt (ours or Ultralytics'), or an .onnx, .torchscript, .tflite or OpenVINO folder from export.py, which
 carries its class names, image size and dataset yaml. A file exported without --dynamic takes only its own
 size: its images are letterboxed to that square (or h x w) instead of rectangular batches.
 

@@ -52,6 +52,12 @@ RUNS = {
     "lr-nc": ("ours", ["--lr0", "{lr_nc}"]),  # Ultralytics' optimizer=auto rate: 0.002 * 5 / (4 + nc)
     "tiny-box-16": ("ours", ["--tiny-box", "16"]),  # assigner grows sides under 8.5 px to 16 px, not 8.5
     "mosaic-keep-cut": ("ours", ["--mosaic-min-area", "0"]),  # mosaic keeps boxes cut to under 10% of their area
+    # the model families (issue 25): the runs above train YOLOv8n on both sides
+    "ours-11n": ("ours", ["--model", "11n"]),
+    "ours-26n": ("ours", ["--model", "26n"]),
+    "ours-26n-musgd": ("ours", ["--model", "26n", "--optimizer", "musgd", "--lr0", "0.01"]),
+    "peer-26n": ("peer", ["--model", "yolo26n.yaml", "optimizer=AdamW", "lr0=0.002"]),
+    "peer-26n-defaults": ("peer", ["--model", "yolo26n.yaml"]),  # optimizer=auto (AdamW here: short runs)
 }
 
 
@@ -72,8 +78,9 @@ def run_cell(run, data_yaml, nc, epochs, seed, cell, peer_python):
         command = [sys.executable, "train.py", *common, *RECIPE, *extra, "--val-every", str(epochs)]
         command += ["--workers", "2", "--out", str(cell / "train")]
     else:
+        model = extra[1:2] if extra[:1] == ["--model"] else []  # a script flag, the rest are train() settings
         command = [peer_python, "bench/ultralytics_shapes.py", *common, "--out", str(cell / "peer")]
-        command += ["--set", "val=False", *extra]
+        command += [*(["--model", *model] if model else []), "--set", "val=False", *extra[2 if model else 0 :]]
     start = time.perf_counter()
     with open(cell / "log.txt", "w") as log:
         subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=True)
@@ -110,15 +117,17 @@ def table(out):
                 spread = f" +/- {statistics.stdev(v):.3f}" if len(v) > 1 else ""
                 row.append(f"{statistics.mean(v):.3f}{spread} ({len(v)})" if v else "")
             lines.append(f"| {run} | " + " | ".join(row) + " |")
-        for peer in ("peer", "peer-defaults"):  # this repo's defaults are the recipe: one "ours" row for both
+        # this repo's defaults are the recipe: one "ours" row for both
+        for ours, peer in [(o, p) for o in ("ours", "ours-26n") for p in ("peer", "peer-defaults")]:
+            peer += ours[4:]
             ratios = [
-                f"{statistics.mean(cells[dataset, 'ours', e]) / statistics.mean(cells[dataset, peer, e]):.2f}"
-                if (dataset, "ours", e) in cells and (dataset, peer, e) in cells
+                f"{statistics.mean(cells[dataset, ours, e]) / statistics.mean(cells[dataset, peer, e]):.2f}"
+                if (dataset, ours, e) in cells and (dataset, peer, e) in cells
                 else ""
                 for e in budgets
             ]
             if any(ratios):
-                lines.append(f"| ours / {peer} (means) | " + " | ".join(ratios) + " |")
+                lines.append(f"| {ours} / {peer} (means) | " + " | ".join(ratios) + " |")
     text = "\n".join(lines) + "\n"
     (out / "table.md").write_text(text)
     return text

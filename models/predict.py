@@ -2,7 +2,7 @@
 
     from models.predict import load, predict
 
-    model = load("runs/train/exp/weights/best.pt")  # or best.onnx, best.torchscript, best_openvino_model/
+    model = load("runs/train/exp/weights/best.pt")  # or best.onnx, best.torchscript, best.tflite, best_openvino_model/
     result = predict(model, "photo.jpg", conf=0.4)  # or a BGR array as cv2.imread gives, or a list of either
     for box, score, name in zip(result.boxes, result.scores, result.names):
         print(name, round(float(score), 2), box.round(1))  # x1 y1 x2 y2 in the image's own pixels
@@ -38,7 +38,7 @@ class Detections(NamedTuple):
 
 
 def load(weights, device="cpu", half=False):
-    """A .pt checkpoint (ours or Ultralytics'), or an .onnx / .torchscript file or an OpenVINO folder
+    """A .pt checkpoint (ours or Ultralytics'), or an .onnx / .torchscript / .tflite file or an OpenVINO folder
     (best_openvino_model/) from export.py -> the model dict of utils/inference.py (run, names, imgsz, stride,
     dynamic, nms, ...) plus "weights", the path as given. half: a .pt runs in fp16 (on a GPU); an exported file
     runs in the precision it was exported in.

@@ -12,7 +12,6 @@ import contextlib
 import io
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+import warm_python
 import yaml
 from test_export import make_checkpoint, one_thread, scene  # noqa: F401 (one_thread: autouse fixture)
 
@@ -37,6 +37,7 @@ FORMATS = {  # --benchmark's files, by the label the table gives them
     ("OpenVINO", "fp32"): "best_openvino_model",
     ("OpenVINO", "fp16"): "best_fp16_openvino_model",
     ("OpenVINO", "int8"): "best_int8_openvino_model",
+    ("LiteRT", "fp32"): "best.tflite",
 }
 
 
@@ -90,7 +91,8 @@ def table_rows(printed):
     rows = {}
     for line in printed.splitlines():
         m = re.match(
-            r"(PyTorch|TorchScript|ONNX Runtime|OpenVINO)\s+(fp32|fp16|int8)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", line
+            r"(PyTorch|TorchScript|ONNX Runtime|OpenVINO|LiteRT)\s+(fp32|fp16|int8)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)",
+            line,
         )
         if m:
             rows[m[1], m[2]] = tuple(float(v) for v in m.groups()[2:])
@@ -98,11 +100,9 @@ def table_rows(printed):
 
 
 def run_val(weights, out, *options):
-    done = subprocess.run(
+    done = warm_python.run(
         [sys.executable, "val.py", "--weights", str(weights), "--out", str(out), "--workers", "0", *options],
         cwd=ROOT,
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -123,7 +123,7 @@ def test_benchmark_table_has_every_format_and_the_gate_holds(benchmark):
     assert rows["ONNX Runtime", "int8"][0] < 0.6 * rows["ONNX Runtime", "fp32"][0]  # int8 weights: a quarter + scales
 
 
-@pytest.mark.parametrize("key", [("OpenVINO", "int8"), ("ONNX Runtime", "fp32")])
+@pytest.mark.parametrize("key", [("OpenVINO", "int8"), ("ONNX Runtime", "fp32"), ("LiteRT", "fp32")])
 def test_val_py_scores_an_exported_file_as_the_gate_did(benchmark, key, tmp_path):
     """val.py needs no --data or --imgsz for an exported file (its metadata names them) and prints the mAP the
     gate computed on the same images."""
@@ -150,12 +150,10 @@ def test_detect_and_predict_on_openvino_give_the_boxes_of_the_pt(trained, benchm
     texts = {}
     for weights in (trained, folder / "best_openvino_model"):
         out = tmp_path / weights.name
-        done = subprocess.run(
+        done = warm_python.run(
             [sys.executable, "detect.py", "--weights", str(weights), "--source", str(images), "--save-txt"]
             + ["--out", str(out), "--conf", "0.3"],
             cwd=ROOT,
-            capture_output=True,
-            text=True,
             timeout=300,
         )
         assert done.returncode == 0, done.stderr[-3000:]
@@ -228,3 +226,25 @@ def test_missing_openvino_is_one_sentence(trained, benchmark, tmp_path, monkeypa
     )
     with pytest.raises(CheckpointError, match=r"^\S+best_openvino_model \(an OpenVINO model\) needs OpenVINO"):
         load(benchmark[0] / "best_openvino_model")
+
+
+def test_tflite_without_its_packages_and_a_foreign_tflite_are_one_sentence(trained, benchmark, tmp_path, monkeypatch):
+    foreign = tmp_path / "other.tflite"  # a TFLite file without our metadata: a model from elsewhere
+    foreign.write_bytes((benchmark[0] / "best.tflite").read_bytes().split(b"PK\x03\x04")[0])
+    with pytest.raises(CheckpointError, match=r"other\.tflite has no metadata from this repo's export\.py"):
+        load(foreign)
+    garbage = tmp_path / "garbage.tflite"
+    garbage.write_bytes(b"\0" * 64)
+    with pytest.raises(CheckpointError, match=r"garbage\.tflite has no metadata"):
+        load(garbage)
+    monkeypatch.setitem(sys.modules, "litert_torch", None)
+    with pytest.raises(SystemExit) as exit_info:
+        export.main(["--weights", str(trained), "--tflite"])
+    assert str(exit_info.value.code) == (
+        "error: --tflite needs litert_torch, which is not installed: pip install litert-torch "
+        "(or -r requirements-dev.txt)"
+    )
+    for module in ("ai_edge_litert", "ai_edge_litert.interpreter"):  # imported by the tests before: both
+        monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(CheckpointError, match=r"best\.tflite \(a TFLite model\) needs ai-edge-litert"):
+        load(benchmark[0] / "best.tflite")

@@ -164,6 +164,28 @@ def test_yolo26_graph_outputs_its_final_detections_without_nms(tmp_path):
     assert unmatched == 0 and boxes < 1e-2 and scores < 1e-4
 
 
+def test_tflite_of_yolo26_gives_its_final_detections(tmp_path):
+    """litert-torch converts the end-to-end graph (TopK and gathers, no NMS); export.py's check holds the file to
+    PyTorch's detections, and the metadata appended to the flatbuffer is read back."""
+    weights = make_checkpoint(tmp_path / "best.pt", imgsz=96, scale="26n")
+    for refused in ("--half", "--int8", "--dynamic"):
+        with pytest.raises(SystemExit, match="--tflite exports the fp32 network at a fixed size"):
+            export.main(["--weights", str(weights), "--tflite", refused])
+    export.main(["--weights", str(weights), "--tflite", "--runs", "1", "--conf", str(CONF)])  # exits if they disagree
+    exported = load_exported(weights.with_suffix(".tflite"))
+    assert exported["backend"] == "LiteRT" and exported["end2end"] and exported["imgsz"] == (96, 96)
+    assert exported["names"] == ["ring", "box", "blob"]
+    x = batch_of([3, 4], 96, 96)  # two images through a file exported for one: run in chunks
+    with torch.no_grad():
+        ours = pytorch_model(weights)(x)
+    theirs = exported["run"](x)
+    assert theirs.shape == ours.shape == (2, 189, 6)  # 189 anchors at 96 px: all of them
+    assert torch.allclose(theirs[..., 4], ours[..., 4], atol=1e-4)
+    for a, b in zip(ours, postprocess(theirs, exported, CONF)):
+        boxes, scores, unmatched = compare_detections(a[a[:, 4] > CONF], b, CONF)
+        assert len(b) >= 5 and unmatched == 0 and boxes < 1e-2 and scores < 1e-4
+
+
 def test_onnx_graph_is_fused_and_carries_metadata(exported):
     graph = onnx.load(str(exported.with_suffix(".onnx")))
     ops = {node.op_type for node in graph.graph.node}

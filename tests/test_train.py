@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import warm_python
 import yaml
 
 from utils.shapes import make_shapes
@@ -50,7 +51,7 @@ def run(args, cwd=REPO, wrapper=None, check=True, **popen):
     """`python train.py ARGS` (or `python WRAPPER ARGS`); a first argument ending in .py replaces train.py."""
     script = [str(wrapper)] if wrapper else [] if str(args[0]).endswith(".py") else ["train.py"]
     cmd = [sys.executable, *script, *map(str, args)]
-    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, **popen)
+    result = warm_python.run(cmd, cwd, timeout=300, **popen)  # subprocess.run, less torch's import
     if check and result.returncode != 0:
         raise AssertionError(f"{cmd} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result

@@ -1,7 +1,7 @@
 """Inference shared by val.py, detect.py, export.py, models/predict.py and bench/: one small interface over a
-PyTorch model, a TorchScript file, an ONNX file and an OpenVINO IR folder, the preprocessing all of them get,
-the postprocessing of their outputs, and the metadata that an exported file carries so that nothing else is
-needed to run it.
+PyTorch model, a TorchScript file, an ONNX file, an OpenVINO IR folder and a TFLite file, the preprocessing all of
+them get, the postprocessing of their outputs, and the metadata that an exported file carries so that nothing else
+is needed to run it.
 
 A loaded model is a plain dict:
 
@@ -19,6 +19,7 @@ here with `from_pytorch`; exported files are opened with `load_exported`, which 
 import json
 import time
 import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -99,7 +100,7 @@ def is_openvino(path):
 
 
 def load_exported(path, device=torch.device("cpu")):
-    """Open an .onnx or .torchscript file or an OpenVINO folder written by export.py. Anything else:
+    """Open an .onnx, .torchscript or .tflite file or an OpenVINO folder written by export.py. Anything else:
     CheckpointError with one sentence saying why."""
     path = Path(path)
     if not path.exists():
@@ -108,10 +109,13 @@ def load_exported(path, device=torch.device("cpu")):
         return _load_onnx(path, device)
     if path.suffix == ".torchscript":
         return _load_torchscript(path, device)
+    if path.suffix == ".tflite":
+        return _load_tflite(path, device)
     if is_openvino(path):
         return _load_openvino(path, device)
     raise CheckpointError(
-        f"weights {path} must be a .pt checkpoint, an .onnx or .torchscript file or an OpenVINO folder from export.py"
+        f"weights {path} must be a .pt checkpoint, an .onnx, .torchscript or .tflite file or an OpenVINO folder "
+        "from export.py"
     )
 
 
@@ -250,6 +254,45 @@ def _load_openvino(path, device):
 
     cpu = torch.device("cpu")
     return {**meta, "run": any_batch(run_batch, meta["batch"]), "backend": "OpenVINO", "device": cpu}
+
+
+def tflite_metadata(path):
+    """The metadata export.py appends to a .tflite file as a small zip archive (the interpreter reads the
+    flatbuffer from the front and ignores what follows it), or {} when there is none or it is implausibly large."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if archive.getinfo(METADATA_FILE).file_size > 1 << 20:  # a crafted archive must not inflate 1 GB
+                return {}
+            return json.loads(archive.read(METADATA_FILE))
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError):
+        return {}
+
+
+def _load_tflite(path, device):
+    try:
+        from ai_edge_litert.interpreter import Interpreter  # imported here: only .tflite weights need it
+    except ImportError:
+        raise CheckpointError(
+            f"{path} (a TFLite model) needs ai-edge-litert (pip install ai-edge-litert, or pip install -r "
+            "requirements-dev.txt), which is not installed"
+        ) from None
+    meta = _parse_metadata(tflite_metadata(path), path)
+    try:
+        interpreter = Interpreter(model_path=str(path), num_threads=torch.get_num_threads())
+        interpreter.allocate_tensors()
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a TFLite model this interpreter can load ({first_line(e)})") from None
+    model_input, model_output = interpreter.get_input_details()[0], interpreter.get_output_details()[0]
+    if device.type != "cpu":
+        warnings.warn(f"{path}: the TFLite interpreter runs on the CPU here, not on {device}", stacklevel=3)
+
+    def run_batch(x):
+        interpreter.set_tensor(model_input["index"], x.detach().cpu().numpy().astype(np.float32))
+        interpreter.invoke()
+        return torch.from_numpy(interpreter.get_tensor(model_output["index"]).copy()).float()
+
+    cpu = torch.device("cpu")
+    return {**meta, "run": any_batch(run_batch, meta["batch"]), "backend": "LiteRT", "device": cpu}
 
 
 def median_latency(run, x, runs=20, warmup=3):

@@ -1,0 +1,105 @@
+"""End-to-end latency of trained detectors in ONNX Runtime, batch 1, on this machine's CPU: letterbox, the network,
+then NMS (YOLOv8/YOLO11) or only the confidence threshold (YOLO26, whose graph already gives the final boxes), per
+image of a dataset's validation split, as detect.py and models/predict.py run them.
+
+    # checkpoints trained by bench/recipe_benchmark.py; each is exported by export.py at every size
+    python bench/bench_end2end.py --weights runs/recipe/shapes/{ours,ours-11n,ours-26n}/e10/s0/train/weights/best.pt
+    # + Ultralytics' YOLO26n ONNX (end to end, (1, 300, 6)), one fixed-size file per size, timed the same way
+    python bench/bench_end2end.py --weights ... --ultralytics-onnx u26n640.onnx u26n320.onnx
+
+NMS time depends on how many boxes pass the threshold, so the models are trained ones and the images real:
+conf 0.25 (detect.py's default) and 0.001 (val.py's, the worst case for NMS). Medians over the images, after a
+warm-up. Close other programs first: on a shared CPU the figures measure the neighbours.
+"""
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import cv2
+import onnx
+import onnxruntime
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from models.predict import detect_image, load  # noqa: E402
+from utils.checkpoint import load_checkpoint  # noqa: E402
+from utils.dataset_yaml import load_dataset_yaml  # noqa: E402
+from utils.labels import list_images  # noqa: E402
+
+
+def export(weights, size, folder, data):
+    """best.onnx of the checkpoint at size x size (export.py, its check and a short accuracy gate), in a folder
+    named after the model (n, 11n, 26n, ...)."""
+    copy = folder / f"{load_checkpoint(weights)['args']['model']}_{size}" / "best.pt"
+    copy.parent.mkdir(parents=True)
+    shutil.copy(weights, copy)
+    command = [sys.executable, "export.py", "--weights", str(copy), "--onnx", "--imgsz", str(size)]
+    subprocess.run(command + ["--data", data, "--val-images", "8", "--workers", "0"], cwd=REPO, check=True)
+    return copy.with_suffix(".onnx")
+
+
+def ultralytics_end2end(path):
+    """An Ultralytics end-to-end .onnx (YOLO26: output (1, 300, 6) x1 y1 x2 y2 score class) as a model dict."""
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    shape = session.get_inputs()[0].shape[2:]
+    name = session.get_inputs()[0].name
+    if session.get_outputs()[0].shape[-1] != 6:
+        sys.exit(f"error: {path}: expected an end-to-end output (batch, 300, 6), got {session.get_outputs()[0].shape}")
+    run = lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])  # noqa: E731
+    return {"run": run, "imgsz": tuple(shape), "nms": None, "end2end": True, "weights": str(path)}
+
+
+def time_model(model, images, conf, warmup=3):
+    """Median milliseconds per image of preprocessing, the network, the post-processing, and their sum."""
+    size = model["imgsz"]
+    for img in images[:warmup]:
+        detect_image(model, img, size, conf=conf)
+    parts = [detect_image(model, img, size, conf=conf)[1] for img in images]
+    columns = [[1000 * p[i] for p in parts] for i in range(3)] + [[1000 * sum(p) for p in parts]]
+    return [statistics.median(c) for c in columns]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--weights", nargs="+", required=True, help="trained .pt checkpoints")
+    parser.add_argument("--data", default="", help="dataset yaml for the images (default: the first checkpoint's)")
+    parser.add_argument("--sizes", nargs="+", type=int, default=[640, 320])
+    parser.add_argument("--images", type=int, default=50, help="validation images timed per model and size")
+    parser.add_argument("--ultralytics-onnx", nargs="*", default=[], help="Ultralytics end-to-end .onnx files")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # the torch side is only NMS and the letterbox; ORT runs with its own threads
+    data = args.data or load_checkpoint(args.weights[0])["args"]["data"]
+    files = list_images(load_dataset_yaml(data)["val"])[: args.images]
+    images = [cv2.cvtColor(cv2.imread(str(f)), cv2.COLOR_BGR2RGB) for f in files]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in args.sizes:
+            models = [load(export(w, size, Path(tmp), data)) for w in args.weights]
+            for path in args.ultralytics_onnx:
+                theirs = ultralytics_end2end(path)
+                if theirs["imgsz"] == (size, size):
+                    models.append(theirs)
+            for model in models:
+                folder = Path(model["weights"]).parent.name
+                name = folder.rsplit("_", 1)[0] if "_" in folder else f"Ultralytics {Path(model['weights']).name}"
+                post = "top-300 (no NMS)" if model.get("end2end") else "NMS"
+                for conf in (0.25, 0.001):
+                    rows.append([name, size, post, conf, *time_model(model, images, conf)])
+    print(
+        f"batch 1, median ms per image over {len(images)} images of {data}; onnxruntime {onnxruntime.__version__} "
+        f"(onnx {onnx.__version__}), torch {torch.__version__} (1 thread, for the letterbox and NMS)"
+    )
+    print("| model | imgsz | after the network | conf | letterbox | network | post-processing | total |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, size, post, conf, *ms in rows:
+        print(f"| {name} | {size} | {post} | {conf} | " + " | ".join(f"{t:.1f}" for t in ms) + " |")
+
+
+if __name__ == "__main__":
+    main()
