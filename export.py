@@ -54,6 +54,7 @@ import copy
 import importlib.util
 import json
 import logging
+import multiprocessing
 import re
 import shutil
 import sys
@@ -284,13 +285,17 @@ def export_tflite(module, x, path, metadata):
     """A TFLite (LiteRT) flatbuffer converted from the PyTorch module by litert-torch (torch.export, then LiteRT's
     converter; the input stays NCHW like the other formats), and the metadata as metadata.json in a zip archive
     appended to it, where the interpreter, which reads the flatbuffer from its start, does not look."""
-    litert_torch = import_optional("litert_torch", "--tflite", package="litert-torch")
+    if not installed("litert_torch"):  # not imported here (see below): only looked for
+        import_optional("litert_torch", "--tflite", package="litert-torch")  # exits with the sentence
     # converted on the CPU, in fp32, from contiguous weights: channels_last ones (as loaded) came out wrong (raw
     # outputs 24 px off)
     module = copy.deepcopy(module).float().cpu().eval().to(memory_format=torch.contiguous_format)
     x = x.float().cpu().contiguous()
-    with contextlib.redirect_stdout(sys.stderr):  # its progress lines are not part of the report
-        litert_torch.convert(module, (x,)).export(str(path))
+    # In a process of its own: the conversion starts JAX's thread pools, and the data loader workers of the gate
+    # would then be forked from a multithreaded process (JAX warns of deadlocks).
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:
+        pool.apply(convert_tflite, (module, x, str(path)))
     with torch.no_grad():
         output = list(module(x).shape)
     metadata.update(
@@ -298,6 +303,13 @@ def export_tflite(module, x, path, metadata):
     )
     with zipfile.ZipFile(path, "a") as archive:
         archive.writestr(METADATA_FILE, json.dumps(export_metadata(**metadata)))
+
+
+def convert_tflite(module, x, path):
+    import litert_torch
+
+    with contextlib.redirect_stdout(sys.stderr):  # its progress lines are not part of the report
+        litert_torch.convert(module, (x,)).export(path)
 
 
 def keep_float(name):
@@ -358,6 +370,14 @@ def quantize_onnx(fp32_path, path, metadata, calibration):
     for key, value in export_metadata(**metadata).items():
         graph.metadata_props.add(key=key, value=value)
     onnx.save(graph, str(path))
+
+
+def installed(name):
+    """Whether the package can be imported, without importing it (a None in sys.modules blocks it, as in the tests)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ValueError:
+        return False
 
 
 def import_optional(name, what, package=None):
@@ -520,7 +540,7 @@ def jobs_of(args):
         precision = "int8" if args.int8 else "fp16" if args.half else "fp32"
         return [(fmt, precision) for fmt in ("onnx", "torchscript", "openvino", "tflite") if getattr(args, fmt)]
     jobs = [("torchscript", "fp32"), ("onnx", "fp32"), ("onnx", "int8")]
-    if importlib.util.find_spec("litert_torch") and importlib.util.find_spec("ai_edge_litert"):
+    if installed("litert_torch") and installed("ai_edge_litert"):
         jobs.append(("tflite", "fp32"))
     else:
         print("note: TFLite left out of the benchmark: it is not installed (pip install litert-torch ai-edge-litert)")

@@ -11,3 +11,14 @@ def emulated_gpu(request):
 
     with emulated_cuda(getattr(request, "param", (8, 0))) as gpu:
         yield gpu
+
+
+def pytest_collection_modifyitems(config, items):
+    """Two workers (pytest-xdist, pytest.ini: -n 2 --dist loadgroup) on this 2-core machine, where one worker used
+    ~0.9 cores: each test file runs whole on one worker, so its module fixtures (a trained model, an export) are
+    built once; the tests that start a SLURM cluster share a worker, so one cluster runs at a time; test_train.py,
+    the longest file, starts first so that the two workers end together."""
+    for item in items:
+        group = "slurm" if "slurm_cluster" in getattr(item, "fixturenames", ()) else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.module.__name__ != "test_train")  # stable: the rest keep their order
