@@ -75,7 +75,7 @@ HYP = dict(
     clip_grad=10.0,  # max gradient norm
     box=7.5, cls=0.5, dfl=1.5,  # loss gains
     cls_weights="",  # per-class weights of the class term: auto (inverse frequency in the train labels) | w1,w2,...
-    tiny_box=8.5,  # assigner: box sides under 8.5 px count as this long when picking anchors (one stride-8 centre)
+    tiny_box=8.5,  # assigner: box sides under this count as this long when picking anchors (8.5: one stride-8 centre)
     hsv_h=0.015, hsv_s=0.7, hsv_v=0.4,  # augmentation: HSV jitter fractions
     degrees=0.0, translate=0.1, scale=0.5, shear=0.0,  # affine: rotation deg, shift fraction, scale gain, shear deg
     flipud=0.0, fliplr=0.5, mosaic=1.0,  # probabilities

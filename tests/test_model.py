@@ -146,15 +146,17 @@ def test_assigner_tiny_box_between_anchor_centres_still_gets_an_anchor():
 
 def test_assigner_tiny_box_grows_tiny_sides_only():
     # a 4x4 box holds no anchor centre; grown to 8.5 px it reaches one cell row/column, grown to 16 (Ultralytics'
-    # rule) two: more candidates. A 24x24 box is left as it is by both.
+    # rule: sides under 16 px count as 16) two: more candidates. A 12x12 box is grown by 16 only, a 24x24 box by
+    # neither.
     anchors, _ = _anchors_for(64)
     candidates = {}
-    for name, box in (("tiny", (9, 9, 13, 13)), ("large", (10, 10, 34, 34))):
+    for name, box in (("tiny", (9, 9, 13, 13)), ("medium", (7, 7, 19, 19)), ("large", (10, 10, 34, 34))):
         exact = torch.tensor(box, dtype=torch.float32).expand(1, len(anchors), 4)  # every candidate aligns equally
         for grow in (8.5, 16):
             _, (_, _, fg, _) = _assign([[(0, *box)]], pred_boxes=exact, tiny_box=grow, topk=30)
             candidates[name, grow] = fg[0].nonzero().flatten().tolist()
     assert 1 <= len(candidates["tiny", 8.5]) < len(candidates["tiny", 16])
+    assert 1 <= len(candidates["medium", 8.5]) < len(candidates["medium", 16])
     assert candidates["large", 8.5] == candidates["large", 16]
 
 

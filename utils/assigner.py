@@ -16,7 +16,7 @@ import torch
 from utils.boxes import complete_iou_loss
 
 # Stride-8 anchor centres are 8 px apart, so any open interval longer than 8 px holds one: a box side
-# under this may miss every centre and is grown to tiny_box for candidate selection.
+# under this may miss every centre. The default of tiny_box: sides under it count as this long.
 TINY_SIDE = 8.5
 
 
@@ -26,8 +26,8 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
     """
     pred_scores: (b, A, nc) probabilities;  pred_boxes: (b, A, 4) xyxy pixels;  anchors: (A, 2) pixels
     gt_labels: (b, n, 1);  gt_boxes: (b, n, 4) xyxy pixels;  gt_mask: (b, n, 1), 1 for real boxes (rest is padding)
-    tiny_box: box sides under TINY_SIDE grow to this for candidate selection (else a tiny object between anchor
-              centres is never learned); Ultralytics grows them to 16 px (bench/RESULTS.md: 8.5 did better here).
+    tiny_box: box sides under this count as this long for candidate selection (else a tiny object between anchor
+              centres is never learned); Ultralytics uses 16 px (bench/RESULTS.md: 8.5 did better here).
     device: where to compute ("cpu" for the OOM retry); results come back on pred_scores' device.
     keep: after the top-k and the one-box-per-anchor rule, each box keeps only its `keep` best anchors by alignment
           (YOLO26's one-to-one branch: topk 7, keep 1, one positive per object); None keeps all.
@@ -80,10 +80,10 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
 
 
 def candidates(anchors, gt_boxes, gt_mask, tiny_box):
-    """(b, n, A) bool: the anchor centre lies strictly inside the box (a tiny one grown to tiny_box), for real
-    boxes only."""
+    """(b, n, A) bool: the anchor centre lies strictly inside the box (sides under tiny_box grown to it about the
+    centre), for real boxes only."""
     centre, size = (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2, gt_boxes[..., 2:] - gt_boxes[..., :2]
-    size = torch.where(size < TINY_SIDE, size.clamp(min=tiny_box), size)
+    size = size.clamp(min=tiny_box)
     grown = torch.cat((centre - size / 2, centre + size / 2), -1)[:, :, None]  # b, n, 1, 4
     ax, ay = anchors[:, 0], anchors[:, 1]
     # the smallest of the 4 distances to the sides, as 4 (b, n, A) tensors rather than one (b, n, A, 4)
