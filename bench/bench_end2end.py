@@ -5,7 +5,10 @@ image of a dataset's validation split, as detect.py and models/predict.py run th
     # checkpoints trained by bench/recipe_benchmark.py; each is exported by export.py at every size
     python bench/bench_end2end.py --weights runs/recipe/shapes/{ours,ours-11n,ours-26n}/e10/s0/train/weights/best.pt
     # + Ultralytics' YOLO26n ONNX (end to end, (1, 300, 6)), one fixed-size file per size, timed the same way
-    python bench/bench_end2end.py --weights ... --ultralytics-onnx u26n640.onnx u26n320.onnx
+    python bench/bench_end2end.py --weights ... --ultralytics-onnx 640/yolo26n.onnx 320/yolo26n.onnx
+
+Ultralytics' files are made in its own environment with `YOLO("640/yolo26n.pt").export(format="onnx", imgsz=640,
+nms=False)`: nms=False is its NMS-free head; its default (nms=None) exports the raw one-to-many output for NMS.
 
 NMS time depends on how many boxes pass the threshold, so the models are trained ones and the images real:
 conf 0.25 (detect.py's default) and 0.001 (val.py's, the worst case for NMS). Medians over the images, after a
