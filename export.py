@@ -327,12 +327,13 @@ def export_openvino(onnx_path, xml_path, metadata, half=False, calibration=None)
         nncf = import_optional("nncf", "--openvino --int8")
         nncf.set_log_level(logging.WARNING)  # else a line per op it leaves unquantized would bury the report
         kept = [op.get_friendly_name() for op in network.get_ops() if keep_float(op.get_friendly_name())]
+        inputs = list(calibration())
         network = nncf.quantize(
             network,
-            nncf.Dataset(list(calibration())),
+            nncf.Dataset(inputs),
             # MIXED: symmetric weights, asymmetric activations (SiLU outputs are not centred on zero)
             preset=nncf.QuantizationPreset.MIXED,
-            subset_size=1 << 30,  # every calibration image given, not NNCF's default 300
+            subset_size=len(inputs),  # every calibration image given, not NNCF's default 300
             ignored_scope=nncf.IgnoredScope(names=kept, validate=False),
         )
     network.set_rt_info(json.dumps(export_metadata(**metadata)), OPENVINO_METADATA)
