@@ -12,7 +12,8 @@ nms=False)`: nms=False is its NMS-free head; its default (nms=None) exports the 
 
 NMS time depends on how many boxes pass the threshold, so the models are trained ones and the images real:
 conf 0.25 (detect.py's default) and 0.001 (val.py's, the worst case for NMS). Medians over the images, after a
-warm-up. Close other programs first: on a shared CPU the figures measure the neighbours.
+warm-up; the models take turns image by image. Close other programs first: on a shared CPU the figures measure
+the neighbours.
 """
 
 import argparse
@@ -58,14 +59,23 @@ def ultralytics_end2end(path):
     return {"run": run, "imgsz": tuple(shape), "nms": None, "end2end": True, "weights": str(path)}
 
 
-def time_model(model, images, conf, warmup=3):
-    """Median milliseconds per image of preprocessing, the network, the post-processing, and their sum."""
-    size = model["imgsz"]
-    for img in images[:warmup]:
-        detect_image(model, img, size, conf=conf)
-    parts = [detect_image(model, img, size, conf=conf)[1] for img in images]
-    columns = [[1000 * p[i] for p in parts] for i in range(3)] + [[1000 * sum(p) for p in parts]]
-    return [statistics.median(c) for c in columns]
+def time_models(models, images, conf, warmup=3):
+    """Per model, median milliseconds per image of preprocessing, the network, the post-processing, and their sum.
+    The models take turns on each image: on a shared CPU a slow spell then slows all of them, not one."""
+    for model in models:
+        for img in images[:warmup]:
+            detect_image(model, img, model["imgsz"], conf=conf)
+    parts = [[] for _ in models]
+    for img in images:
+        for model, times in zip(models, parts):
+            times.append(detect_image(model, img, model["imgsz"], conf=conf)[1])
+    return [
+        [
+            statistics.median(c)
+            for c in [[1000 * p[i] for p in times] for i in range(3)] + [[1000 * sum(p) for p in times]]
+        ]
+        for times in parts
+    ]
 
 
 def main():
@@ -73,7 +83,7 @@ def main():
     parser.add_argument("--weights", nargs="+", required=True, help="trained .pt checkpoints")
     parser.add_argument("--data", default="", help="dataset yaml for the images (default: the first checkpoint's)")
     parser.add_argument("--sizes", nargs="+", type=int, default=[640, 320])
-    parser.add_argument("--images", type=int, default=50, help="validation images timed per model and size")
+    parser.add_argument("--images", type=int, default=100, help="validation images timed per model and size")
     parser.add_argument("--ultralytics-onnx", nargs="*", default=[], help="Ultralytics end-to-end .onnx files")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the torch side is only NMS and the letterbox; ORT runs with its own threads
@@ -88,12 +98,12 @@ def main():
                 theirs = ultralytics_end2end(path)
                 if theirs["imgsz"] == (size, size):
                     models.append(theirs)
-            for model in models:
-                folder = Path(model["weights"]).parent.name
-                name = folder.rsplit("_", 1)[0] if "_" in folder else f"Ultralytics {Path(model['weights']).name}"
-                post = "top-300 (no NMS)" if model.get("end2end") else "NMS"
-                for conf in (0.25, 0.001):
-                    rows.append([name, size, post, conf, *time_model(model, images, conf)])
+            for conf in (0.25, 0.001):
+                for model, ms in zip(models, time_models(models, images, conf)):
+                    folder = Path(model["weights"]).parent.name
+                    name = folder.rsplit("_", 1)[0] if "_" in folder else f"Ultralytics {Path(model['weights']).name}"
+                    post = "top-300 (no NMS)" if model.get("end2end") else "NMS"
+                    rows.append([name, size, post, conf, *ms])
     print(
         f"batch 1, median ms per image over {len(images)} images of {data}; onnxruntime {onnxruntime.__version__} "
         f"(onnx {onnx.__version__}), torch {torch.__version__} (1 thread, for the letterbox and NMS)"

@@ -118,8 +118,13 @@ def table(out):
                 row.append(f"{statistics.mean(v):.3f}{spread} ({len(v)})" if v else "")
             lines.append(f"| {run} | " + " | ".join(row) + " |")
         # this repo's defaults are the recipe: one "ours" row for both
-        for ours, peer in [(o, p) for o in ("ours", "ours-26n") for p in ("peer", "peer-defaults")]:
-            peer += ours[4:]
+        pairs = [
+            ("ours", "peer"),
+            ("ours", "peer-defaults"),
+            ("ours-26n", "peer-26n"),
+            ("ours-26n", "peer-26n-defaults"),
+        ]
+        for ours, peer in pairs:
             ratios = [
                 f"{statistics.mean(cells[dataset, ours, e]) / statistics.mean(cells[dataset, peer, e]):.2f}"
                 if (dataset, ours, e) in cells and (dataset, peer, e) in cells
