@@ -75,6 +75,9 @@ def parse_args(argv=None):
     parser.add_argument("--imgsz", type=int, nargs="+", default=[0], help="h w, or one size for both; 0 = the model's")
     parser.add_argument("--conf", type=float, default=0.25, help="confidence threshold")
     parser.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold")
+    parser.add_argument(
+        "--nms", action="store_true", help="YOLO26 .pt: its one-to-many head + NMS instead of the NMS-free head"
+    )
     parser.add_argument("--classes", type=int, nargs="+", help="keep only these class indices")
     parser.add_argument("--max-det", type=int, default=300, help="at most this many detections per image")
     parser.add_argument("--device", default="", help="cpu, 0, ... (default: the first GPU if any)")
@@ -338,7 +341,7 @@ def main(argv=None):
         sys.exit(f"error: {e}")
     device = select_device(args.device)
     try:
-        model = load(weights, device)
+        model = load(weights, device, nms=args.nms)
     except CheckpointError as e:
         sys.exit(f"error: {e}")
     imgsz, note = inference_size(model, args.imgsz)

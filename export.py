@@ -22,7 +22,8 @@ Outputs of the exported model (input "images": (batch, 3, h, w), RGB, float, 0..
                  float32 also with --half: only the weights, the input and the network run in fp16,
                  the boxes are decoded in fp32 (fp16 pixel coordinates would be up to 0.5 px off).
   YOLO26         "output": (batch, 300, 6) = x1 y1 x2 y2 score class, best first: its one-to-one head's final
-  (end-to-end)   detections, no NMS in or after the graph (--nms is refused); metadata end2end: true.
+  (end-to-end)   detections, no NMS in or after the graph; metadata end2end: true. With --nms, its one-to-many
+                 head and NMS are exported instead, as for the other models (more accurate after short training).
   with --nms     "detections": (batch, max_det, 6) = x1 y1 x2 y2 score class, best first, rows after
                  the last detection are zeros; "count": (batch,) int64, the number of real rows.
                  NMS is class-aware, one class per box (its best), with --conf, --iou and --max-det
@@ -587,9 +588,9 @@ def main(argv=None):
         network, train_args = load_model(weights)  # fused: no training-only parts in the graph
     except CheckpointError as e:
         sys.exit(f"error: {e}")
-    args.end2end = network.end2end  # YOLO26: the graph's output is the final detections
-    if args.nms and network.end2end:
-        sys.exit(f"error: --nms: {weights} is an end-to-end model (YOLO26) whose output needs no NMS; leave --nms out")
+    if args.nms:  # YOLO26: its one-to-many head and NMS in the graph, instead of the NMS-free head
+        network.end2end = False
+    args.end2end = network.end2end  # YOLO26 (without --nms): the graph's output is the final detections
     imgsz = args.imgsz * 2 if len(args.imgsz) == 1 else args.imgsz[:2]
     imgsz = [s or network.imgsz for s in imgsz]
     stride = max(network.head.strides)

@@ -46,6 +46,9 @@ parser.add_argument("--device", default="")
 parser.add_argument("--workers", type=int, default=2)
 parser.add_argument("--half", action="store_true", help="fp16 inference of a .pt (CUDA)")
 parser.add_argument(
+    "--nms", action="store_true", help="YOLO26 .pt: its one-to-many head + NMS instead of the NMS-free head"
+)
+parser.add_argument(
     "--single-cls",
     action="store_true",
     help="every class as one (automatic for a checkpoint trained with --single-cls)",
@@ -61,7 +64,8 @@ except CheckpointError as e:
     sys.exit(f"error: {e}")
 device = select_device(args.device)
 try:
-    model = load(weights, device, half=args.half and device.type == "cuda")  # any format: models/predict.py
+    # any format: models/predict.py
+    model = load(weights, device, half=args.half and device.type == "cuda", nms=args.nms)
     if not (args.data or model["data"]):  # an Ultralytics file names no dataset of ours
         sys.exit(f"error: {weights} does not say which dataset it was trained on; give --data")
     data = load_dataset_yaml(args.data or model["data"])

@@ -7,12 +7,16 @@ generated datasets, at several seeds and epoch budgets, both scored by pycocotoo
     python bench/recipe_benchmark.py --runs ours no-ramp bias-capped lr-nc tiny-box-16 --epochs 20
     # print the table of what has run so far (cells run earlier are never run again)
     python bench/recipe_benchmark.py --table
+    # YOLO26 cells trained before both of its modes were scored: score the missing one (no training)
+    python bench/recipe_benchmark.py --rescore
 
 The recipe: from scratch, 320 px, batch 16, AdamW lr0 0.002, CPU, fp32, everything else at each repo's defaults
 (warmup 3 epochs, nominal batch 64, mosaic closed for the last 10 epochs, EMA). Each cell is scored once, on the
 weights after its last epoch (per-epoch validation is off on both sides: it changes nothing but the time), by
 utils/evaluate.coco_map, i.e. pycocotools: this repo's numbers come from train.py's metrics.json, Ultralytics'
-from its saved predictions through bench/score_detections.py. Datasets (generated here, never used for tuning):
+from its saved predictions through bench/score_detections.py. YOLO26 cells are scored in both of its modes: the
+NMS-free one-to-one head (the row under the run's name; our default, Ultralytics' nms=False) and the one-to-many head
++ NMS (the "+NMS" row; Ultralytics' default in 8.4, our val.py --nms). Datasets (generated here, never used for tuning):
   shapes  make_shapes(seed 7, 300 train / 100 val, 320 px): 1-12 objects of 6 outline classes, 6-107 px
   crowd   make_shapes(style crowd, seed 11, 300 / 100, 320 px): 15-60 rings, crescents, arrows, bars and tees,
           6-24 px across
@@ -52,6 +56,7 @@ RUNS = {
     "lr-nc": ("ours", ["--lr0", "{lr_nc}"]),  # Ultralytics' optimizer=auto rate: 0.002 * 5 / (4 + nc)
     "tiny-box-16": ("ours", ["--tiny-box", "16"]),  # assigner counts sides under 16 px as 16 (Ultralytics'), not 8.5
     "mosaic-keep-cut": ("ours", ["--mosaic-min-area", "0"]),  # mosaic keeps boxes cut to under 10% of their area
+    "musgd": ("ours", ["--optimizer", "musgd", "--lr0", "0.01"]),  # YOLO26's optimizer on YOLOv8n
     # the model families (issue 25): the runs above train YOLOv8n on both sides
     "ours-11n": ("ours", ["--model", "11n"]),
     "ours-26n": ("ours", ["--model", "26n"]),
@@ -82,18 +87,46 @@ def run_cell(run, data_yaml, nc, epochs, seed, cell, peer_python):
         command = [peer_python, "bench/ultralytics_shapes.py", *common, "--out", str(cell / "peer")]
         command += [*(["--model", *model] if model else []), "--set", "val=False", *extra[2 if model else 0 :]]
     start = time.perf_counter()
-    with open(cell / "log.txt", "w") as log:
-        subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=True)
+    run_logged(command, cell / "log.txt")
     seconds = time.perf_counter() - start
-    if repo == "ours":
-        metrics = json.loads((cell / "train" / "metrics.json").read_text())
-        map5095, map50 = metrics["mAP50-95"], metrics["mAP50"]
-    else:
-        summary = json.loads((cell / "peer" / "summary.json").read_text())
-        map5095, map50, *_ = score(data_yaml, summary["predictions"], category_offset=1)
-    result = {"mAP50-95": map5095, "mAP50": map50, "seconds": round(seconds, 1), "command": command}
+    result = {**scores(run, cell, data_yaml, peer_python), "seconds": round(seconds, 1), "command": command}
     (cell / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def scores(run, cell, data_yaml, peer_python):
+    """{"mAP50-95", "mAP50"} of a trained cell; for YOLO26 those of its NMS-free head, plus "nms": the same of its
+    one-to-many head + NMS (Ultralytics' default for YOLO26, our val.py --nms): both repos scored in both modes."""
+    repo, yolo26 = RUNS[run][0], is_yolo26(run)
+    if repo == "ours":
+        metrics = json.loads((cell / "train" / "metrics.json").read_text())  # the NMS-free head for YOLO26
+        found = {"mAP50-95": metrics["mAP50-95"], "mAP50": metrics["mAP50"]}
+        if yolo26:
+            command = [sys.executable, "val.py", "--weights", str(cell / "train" / "weights" / "best.pt"), "--nms"]
+            run_logged([*command, "--workers", "2", "--out", str(cell / "val_nms")], cell / "log_nms.txt")
+            metrics = json.loads((cell / "val_nms" / "metrics.json").read_text())
+            found["nms"] = {"mAP50-95": metrics["mAP50-95"], "mAP50": metrics["mAP50"]}
+        return found
+    summary = json.loads((cell / "peer" / "summary.json").read_text())
+    if yolo26 and "predictions_end2end" not in summary:  # a cell trained before both modes were saved
+        command = [peer_python, "bench/ultralytics_shapes.py", "--validate", summary["best"], "--data", str(data_yaml)]
+        run_logged([*command, "--imgsz", "320", "--batch", "16", "--out", str(cell / "peer_val")], cell / "log_val.txt")
+        summary = json.loads((cell / "peer_val" / "summary.json").read_text())
+    default = dict(zip(("mAP50-95", "mAP50"), score(data_yaml, summary["predictions"], category_offset=1)))
+    if not yolo26:
+        return default
+    end2end = score(data_yaml, summary["predictions_end2end"], category_offset=1)
+    return {"mAP50-95": end2end[0], "mAP50": end2end[1], "nms": default}
+
+
+def is_yolo26(run):
+    extra = RUNS[run][1]
+    return extra[:1] == ["--model"] and "26" in extra[1]
+
+
+def run_logged(command, log_path):
+    with open(log_path, "w") as log:
+        subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=True)
 
 
 def table(out):
@@ -101,7 +134,10 @@ def table(out):
     cells = {}
     for path in sorted(out.glob("*/*/e*/s*/result.json")):
         dataset, run, epochs = path.parts[-5], path.parts[-4], int(path.parts[-3][1:])
-        cells.setdefault((dataset, run, epochs), []).append(json.loads(path.read_text())["mAP50-95"])
+        result = json.loads(path.read_text())
+        cells.setdefault((dataset, run, epochs), []).append(result["mAP50-95"])
+        if "nms" in result:  # YOLO26: its one-to-many head + NMS, a row of its own
+            cells.setdefault((dataset, f"{run} +NMS", epochs), []).append(result["nms"]["mAP50-95"])
     if not cells:
         return f"no results under {out} yet: run the benchmark without --table first\n"
     lines = []
@@ -110,7 +146,7 @@ def table(out):
         lines += [f"\n{dataset}: mAP50-95, mean +/- std over seeds (n)\n"]
         lines += ["| run | " + " | ".join(f"{e} epochs" for e in budgets) + " |"]
         lines += ["|---" * (len(budgets) + 1) + "|"]
-        for run in [r for r in RUNS if any(k[:2] == (dataset, r) for k in cells)]:
+        for run in [r for r in RUNS for r in (r, f"{r} +NMS") if any(k[:2] == (dataset, r) for k in cells)]:
             row = []
             for e in budgets:
                 v = cells.get((dataset, run, e), [])
@@ -123,6 +159,7 @@ def table(out):
             ("ours", "peer-defaults"),
             ("ours-26n", "peer-26n"),
             ("ours-26n", "peer-26n-defaults"),
+            ("ours-26n +NMS", "peer-26n +NMS"),
         ]
         for ours, peer in pairs:
             ratios = [
@@ -147,10 +184,21 @@ def main():
     parser.add_argument("--out", default=str(REPO / "runs" / "recipe"))
     parser.add_argument("--peer-python", default="/work/peer-venv/bin/python", help="a python with ultralytics")
     parser.add_argument("--table", action="store_true", help="only print the table of the cells run so far")
+    parser.add_argument(
+        "--rescore", action="store_true", help="only score the YOLO26 cells run before both of its modes were scored"
+    )
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    if not args.table:
+    if args.rescore:
+        for path in sorted(out.glob("*/*/e*/s*/result.json")):
+            dataset, run, result = path.parts[-5], path.parts[-4], json.loads(path.read_text())
+            if "nms" not in result and run in RUNS and is_yolo26(run):
+                data_yaml = out / "data" / f"{dataset}.yaml"
+                result.update(scores(run, path.parent, data_yaml, args.peer_python))
+                path.write_text(json.dumps(result, indent=2) + "\n")
+                print(f"{path.parent}: NMS-free {result['mAP50-95']:.4f}, +NMS {result['nms']['mAP50-95']:.4f}")
+    elif not args.table:
         data = {name: make_dataset(name, out / "data") for name in args.datasets}
         # seeds outermost: a run stopped early still has every cell at the first seed
         for seed in args.seeds:

@@ -22,6 +22,9 @@ Usage (from the repository root):
        --out runs/peer/bench
     # ONNX for latency: of the trained best.pt, or of an untrained model with --epochs 0
     /work/peer-venv/bin/python bench/ultralytics_shapes.py --epochs 0 --imgsz 640 --export-onnx --out runs/peer/onnx
+    # predictions of a trained .pt only (for YOLO26 in both of its modes, see save_predictions)
+    /work/peer-venv/bin/python bench/ultralytics_shapes.py --validate runs/peer/v8n/train/weights/best.pt \
+       --data data/shapes.yaml --imgsz 320 --out runs/peer/v8n
     # smoke test: first 32 train and 32 val images
     /work/peer-venv/bin/python bench/ultralytics_shapes.py --epochs 1 --imgsz 64 --batch 8 --subset 32 \
        --out /tmp/peer-smoke
@@ -31,7 +34,8 @@ Ultralytics' defaults on purpose: the point is to compare its defaults with ours
 pinned: from scratch (yolov8n.yaml, pretrained=False), CPU, fp32, no plots, 2 torch threads and 2 loader workers.
 
 OUT/summary.json: mAP50-95, mAP50, precision, recall (Ultralytics' own validator on best.pt, val split), predictions
-(its COCO-format detections of the val split, for `python bench/score_detections.py --category-offset 1`),
+(its COCO-format detections of the val split, for `python bench/score_detections.py --category-offset 1`; for
+YOLO26 those of its one-to-many head + NMS, Ultralytics' default, and predictions_end2end its NMS-free head's),
 train_seconds (wall time of the whole train() call: setup, epochs, per-epoch val, final val), images_per_second
 (training iterations after the run's first 2, data loading included, validation excluded), epochs, imgsz, batch, and
 a few extras (versions, image counts, paths). In --benchmark-iters mode the metrics are null.
@@ -95,6 +99,9 @@ def parse_args():
     )
     parser.add_argument(
         "--deterministic", action=argparse.BooleanOptionalAction, default=None, help="default: Ultralytics' own (True)"
+    )
+    parser.add_argument(
+        "--validate", default="", help="no training: only save the predictions of this .pt on the val split"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -257,6 +264,32 @@ def train_kwargs(args, data_yaml, out, epochs):
     return kwargs
 
 
+def save_predictions(weights, data_yaml, args, out):
+    """The weights once more through Ultralytics' validator with save_json, so that bench/score_detections.py
+    scores the same detections with pycocotools, the evaluator our mAP comes from (one evaluator for both repos).
+    {"predictions": path} with its defaults, which for YOLO26 means its one-to-many head + NMS (nms=None), and for
+    YOLO26 also {"predictions_end2end": path}, its NMS-free one-to-one head (nms=False)."""
+    end2end = getattr(YOLO(str(weights)).model.model[-1], "one2one_cv2", None) is not None
+    modes = [("predictions", "val", None)] + ([("predictions_end2end", "val_end2end", False)] if end2end else [])
+    found = {}
+    for key, name, nms in modes:
+        YOLO(str(weights)).val(
+            data=str(data_yaml),
+            imgsz=args.imgsz,
+            batch=args.batch * 2,
+            save_json=True,
+            plots=False,
+            device="cpu",
+            workers=args.workers,
+            project=str(out),
+            name=name,
+            exist_ok=True,
+            nms=nms,
+        )
+        found[key] = str(out / name / "predictions.json")
+    return found
+
+
 def export_onnx(args, out, best):
     """ONNX at imgsz, batch 1, Ultralytics' default export settings (opset, onnxslim simplification)."""
     if best is not None:  # written next to it: weights/best.onnx
@@ -290,7 +323,15 @@ def main():
     if not font.exists():  # dataset checks would try to download it and fail offline
         sys.exit(f"error: {font} missing; copy matplotlib's DejaVuSans.ttf there (see the docstring)")
 
-    mode = "benchmark" if args.benchmark_iters else "train" if args.epochs > 0 else "export"
+    mode = (
+        "benchmark"
+        if args.benchmark_iters
+        else "validate"
+        if args.validate
+        else "train"
+        if args.epochs > 0
+        else "export"
+    )
     summary = {
         "mode": mode,
         "mAP50-95": None,
@@ -310,7 +351,7 @@ def main():
         "set": args.set,
     }
     best = None
-    if args.benchmark_iters or args.epochs > 0:
+    if (args.benchmark_iters or args.epochs > 0) and not args.validate:
         if args.benchmark_iters:
             # Just enough train images for 2 + N iterations in one epoch, so the label scan stays short; the val
             # set is built by the trainer but never used.
@@ -382,21 +423,10 @@ def main():
             )
             print(f"best.pt on val: mAP50-95 {box.map:.4f} mAP50 {box.map50:.4f} P {box.mp:.4f} R {box.mr:.4f}")
             if best is not None:
-                # best.pt once more through its validator with save_json: bench/score_detections.py then scores the
-                # same detections with pycocotools, the evaluator our mAP comes from (one evaluator for both repos).
-                YOLO(str(best)).val(
-                    data=str(data_yaml),
-                    imgsz=args.imgsz,
-                    batch=args.batch * 2,
-                    save_json=True,
-                    plots=False,
-                    device="cpu",
-                    workers=args.workers,
-                    project=str(out),
-                    name="val",
-                    exist_ok=True,
-                )
-                summary["predictions"] = str(out / "val" / "predictions.json")
+                summary.update(save_predictions(best, data_yaml, args, out))
+    elif args.validate:
+        data_yaml, summary["n_train"], summary["n_val"], summary["nc"] = write_dataset_yaml(args.data, out, 0, 0)
+        summary.update(save_predictions(Path(args.validate), data_yaml, args, out), model=args.validate)
 
     if args.export_onnx:
         summary["onnx"] = export_onnx(args, out, best)

@@ -23,6 +23,7 @@ import torch
 
 from models.yolo import load_model
 from utils.boxes import scale_boxes_to_original
+from utils.checkpoint import CheckpointError
 from utils.images import read_image
 from utils.inference import from_pytorch, load_exported, postprocess, preprocess
 
@@ -37,19 +38,27 @@ class Detections(NamedTuple):
     names: list
 
 
-def load(weights, device="cpu", half=False):
+def load(weights, device="cpu", half=False, nms=False):
     """A .pt checkpoint (ours or Ultralytics'), or an .onnx / .torchscript / .tflite file or an OpenVINO folder
     (best_openvino_model/) from export.py -> the model dict of utils/inference.py (run, names, imgsz, stride,
     dynamic, nms, ...) plus "weights", the path as given. half: a .pt runs in fp16 (on a GPU); an exported file
-    runs in the precision it was exported in.
+    runs in the precision it was exported in. nms: a YOLO26 .pt answers with its one-to-many head, and NMS
+    follows (Ultralytics' default for YOLO26), instead of its NMS-free head; no change for the other models.
     device: "cpu", "cuda", "cuda:1", "1" or a torch.device. A missing, broken or foreign file raises
     utils.checkpoint.CheckpointError (a ValueError) with one sentence that names the file."""
     device = torch.device(f"cuda:{device}" if str(device).isdigit() else device)
     if Path(weights).suffix == ".pt":
         network, train_args = load_model(weights)
+        if nms:
+            network.end2end = False
         model = from_pytorch(network, device, half, train_args.get("data"), train_args.get("single_cls", False))
     else:
         model = load_exported(weights, device)
+        if nms and model["end2end"]:
+            raise CheckpointError(
+                f"{weights} was exported end-to-end (YOLO26's NMS-free head only): it has no one-to-many head to "
+                "run NMS on; give the .pt, or a file exported with --nms"
+            )
     return {**model, "weights": str(weights)}
 
 

@@ -206,13 +206,16 @@ class Detect(nn.Module):
     reg_max=1 (YOLO26): no DFL, the box branch predicts the 4 distances directly.
     end2end (YOLO26): a second copy of both branches, the one-to-one head, trained with one positive anchor per
     object on features detached from the network (so its loss does not reshape them); in eval it alone answers,
-    and its top max_det (anchor, class) scores are the final detections: no NMS."""
+    and its top max_det (anchor, class) scores are the final detections: no NMS. Setting `end2end = False` on such
+    a head makes eval answer with the one-to-many branch instead, per anchor, for NMS (val.py / detect.py --nms).
+    """
 
     max_det = 300  # end2end: detections per image
 
     def __init__(self, nc, channels, reg_max=16, light_cls=False, cls_width=0, end2end=False):
         super().__init__()
-        self.nc, self.reg_max, self.end2end = nc, reg_max, end2end
+        # one_to_one: the architecture (the loss trains both branches); end2end: which one answers in eval
+        self.nc, self.reg_max, self.one_to_one, self.end2end = nc, reg_max, end2end, end2end
         self.strides = STRIDES
         box_hidden = max(16, channels[0] // 4, reg_max * 4)
         cls_hidden = cls_width or max(channels[0], min(nc, 100))
@@ -244,7 +247,7 @@ class Detect(nn.Module):
     def init_biases(self, imgsz=640):
         # Start with a low object prior (~5 objects per image) so early class loss is not swamped by negatives.
         # Box: equal DFL logits whatever the value; without DFL, boxes 2 cells from the anchor on each side.
-        branches = [(self.box, self.cls)] + ([(self.one2one_box, self.one2one_cls)] if self.end2end else [])
+        branches = [(self.box, self.cls)] + ([(self.one2one_box, self.one2one_cls)] if self.one_to_one else [])
         for boxes, classes in branches:
             for box, cls, s in zip(boxes, classes, self.strides):
                 nn.init.constant_(box[-1].bias, 1.0 if self.reg_max > 1 else 2.0)
@@ -254,7 +257,7 @@ class Detect(nn.Module):
 
     def forward(self, feats):
         maps = [torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(feats, self.box, self.cls)]
-        if self.end2end:
+        if self.one_to_one:
             detached = [x.detach() for x in feats] if self.training else feats
             one2one = [
                 torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(detached, self.one2one_box, self.one2one_cls)
@@ -262,7 +265,10 @@ class Detect(nn.Module):
             maps = {"one2many": maps, "one2one": one2one}
         if self.training:
             return maps
-        out = self.top_detections(self.decode(maps["one2one"])) if self.end2end else self.decode(maps)
+        if self.end2end:
+            out = self.top_detections(self.decode(maps["one2one"]))
+        else:
+            out = self.decode(maps["one2many"] if self.one_to_one else maps)
         return (out, maps) if self.return_maps else out
 
     def decode(self, maps):
@@ -370,12 +376,22 @@ class YOLO(nn.Module):
             self.down_p3, self.bottom4 = Conv(c3, c3, 3, 2), C2f(c3 + c4, c4, n3)
             self.down_p4, self.bottom5 = Conv(c4, c4, 3, 2), C2f(c4 + c5, c5, n3)
             self.head = Detect(nc, (c3, c4, c5), cls_width=cls_width)
-        # YOLO26: eval returns the final detections (batch, max_det, 6) of the one-to-one head; nothing downstream
-        # runs NMS on them (val.py, detect.py, export.py ask this attribute, exported files their metadata)
-        self.end2end = self.head.end2end
         for m in self.modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.eps, m.momentum = 1e-3, 0.03
+
+    @property
+    def end2end(self):
+        """YOLO26: eval returns the final detections (batch, max_det, 6) of the one-to-one head; nothing downstream
+        runs NMS on them (val.py, detect.py, export.py ask this attribute, exported files their metadata)."""
+        return self.head.end2end
+
+    @end2end.setter
+    def end2end(self, value):
+        # False: the one-to-many branch answers, per anchor, and NMS follows (Ultralytics' nms=None on YOLO26)
+        if value and not self.head.one_to_one:
+            raise ValueError("this model has no one-to-one head (only YOLO26 has): it always needs NMS")
+        self.head.end2end = bool(value)
 
     def _run(self, block, x):
         if self.checkpoint_activations and self.training and torch.is_grad_enabled():

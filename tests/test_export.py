@@ -20,9 +20,10 @@ import pytest
 import torch
 
 import export
+from models.predict import load
 from models.yolo import YOLO, model_from_checkpoint
 from utils.boxes import non_max_suppression
-from utils.checkpoint import FORMAT, save_checkpoint
+from utils.checkpoint import FORMAT, CheckpointError, save_checkpoint
 from utils.inference import compare_detections, load_exported, postprocess, preprocess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,10 +143,20 @@ def test_yolo11_with_its_attention_stage_exports_to_onnx(tmp_path):
 
 def test_yolo26_graph_outputs_its_final_detections_without_nms(tmp_path):
     weights = make_checkpoint(tmp_path / "best.pt", imgsz=160, scale="26n")
-    with pytest.raises(SystemExit, match="end-to-end model"):
-        export.main(["--weights", str(weights), "--onnx", "--nms"])
-    export.main(["--weights", str(weights), "--onnx", "--runs", "1", "--conf", str(CONF)])  # exits if they disagree
     path = weights.with_suffix(".onnx")
+    # --nms: the one-to-many head and NMS in the graph, checked against PyTorch's one-to-many head + NMS
+    export.main(["--weights", str(weights), "--onnx", "--nms", "--runs", "1", "--conf", str(CONF)])
+    with_nms = load_exported(path)
+    assert not with_nms["end2end"] and with_nms["nms"] is not None
+    assert "NonMaxSuppression" in {n.op_type for n in onnx.load(str(path)).graph.node}
+    network = pytorch_model(weights)
+    network.end2end = False
+    x = batch_of([3], 160, 160)
+    with torch.no_grad():
+        expected = non_max_suppression(network(x), CONF, 0.7)[0]
+    got = postprocess(with_nms["run"](x), with_nms, CONF)[0]
+    assert len(expected) >= 5 and compare_detections(expected, got, CONF)[2] == 0
+    export.main(["--weights", str(weights), "--onnx", "--runs", "1", "--conf", str(CONF)])  # exits if they disagree
     graph = onnx.load(str(path))
     assert [d.dim_value for d in graph.graph.output[0].type.tensor_type.shape.dim] == [1, 300, 6]  # 525 anchors
     assert "TopK" in {n.op_type for n in graph.graph.node} and "NonMaxSuppression" not in {
@@ -153,6 +164,10 @@ def test_yolo26_graph_outputs_its_final_detections_without_nms(tmp_path):
     }
     exported = load_exported(path)
     assert exported["end2end"] and exported["nms"] is None
+    checkpoint = load(weights, nms=True)  # the .pt with --nms: per anchor, NMS after (postprocess asks end2end)
+    assert not checkpoint["end2end"] and checkpoint["run"](x).shape == (1, 525, 4 + 3)
+    with pytest.raises(CheckpointError, match="best.onnx was exported end-to-end .* no one-to-many head"):
+        load(path, nms=True)  # val.py / detect.py --nms: the graph has no other head to run
     x = batch_of([3], 160, 160)
     with torch.no_grad():
         ours = pytorch_model(weights)(x)

@@ -48,6 +48,27 @@ def test_yolo26_trains_two_heads_without_dfl_and_answers_final_detections():
         assert model(torch.rand(1, 3, 160, 160)).shape == (1, 300, 6)  # 525 anchors: the best 300
 
 
+def test_yolo26_answers_with_its_one_to_many_head_for_nms_when_asked():
+    """val.py / detect.py / export.py --nms: end2end = False makes eval answer per anchor, from the one-to-many
+    branch (what NMS then reduces), and True brings the NMS-free head back; a model without one refuses."""
+    model = YOLO("26n", nc=7).eval()
+    with torch.no_grad():  # the two branches start as copies: tell them apart
+        model.head.one2one_cls[0][-1].bias += 1.0
+    x = torch.rand(2, 3, 64, 96)
+    model.end2end = False
+    model.head.return_maps = True
+    with torch.no_grad():
+        out, maps = model(x)
+    assert out.shape == (2, 8 * 12 + 4 * 6 + 2 * 3, 4 + 7) and not model.end2end
+    assert torch.equal(out, model.head.decode(maps["one2many"]))
+    assert not torch.allclose(out, model.head.decode(maps["one2one"]))
+    model.end2end, model.head.return_maps = True, False
+    with torch.no_grad():
+        assert model(x).shape == (2, 8 * 12 + 4 * 6 + 2 * 3, 6)
+    with pytest.raises(ValueError, match="no one-to-one head"):
+        YOLO("n", nc=7).end2end = True
+
+
 def test_yolo26_detections_are_the_best_anchor_class_pairs():
     model = YOLO("26n", nc=3).eval()
     model.head.max_det = 4
