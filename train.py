@@ -75,6 +75,7 @@ HYP = dict(
     clip_grad=10.0,  # max gradient norm
     box=7.5, cls=0.5, dfl=1.5,  # loss gains
     cls_weights="",  # per-class weights of the class term: auto (inverse frequency in the train labels) | w1,w2,...
+    o2m_final=0.1,  # YOLO26 ProgLoss: one-to-many loss weight in the last epoch (0.8 in the first; 0.8 = constant)
     tiny_box=8.5,  # assigner: box sides under this count as this long when picking anchors (8.5: one stride-8 centre)
     hsv_h=0.015, hsv_s=0.7, hsv_v=0.4,  # augmentation: HSV jitter fractions
     degrees=0.0, translate=0.1, scale=0.5, shear=0.0,  # affine: rotation deg, shift fraction, scale gain, shear deg
@@ -232,9 +233,8 @@ ema = ModelEMA(model, args.ema_decay, args.ema_tau) if is_main else None  # rank
 optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weight_decay)
 # fp16 only (bf16 has fp32's range); its scale goes into last.pt (pitfall T1: else a resume searches it again)
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
-loss_fn = DetectionLoss(
-    model.head, args.box, args.cls, args.dfl, tiny_box=args.tiny_box, class_weights=class_weights, epochs=args.epochs
-)
+loss_settings = dict(tiny_box=args.tiny_box, class_weights=class_weights, epochs=args.epochs, o2m_final=args.o2m_final)
+loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl, **loss_settings)
 
 # -----------------------------------------------------------------------------------------------
 # Loop state: what the loop carries from one step to the next. last.pt saves it (training_state, below) and a

@@ -57,9 +57,11 @@ RUNS = {
     "tiny-box-16": ("ours", ["--tiny-box", "16"]),  # assigner counts sides under 16 px as 16 (Ultralytics'), not 8.5
     "mosaic-keep-cut": ("ours", ["--mosaic-min-area", "0"]),  # mosaic keeps boxes cut to under 10% of their area
     "musgd": ("ours", ["--optimizer", "musgd", "--lr0", "0.01"]),  # YOLO26's optimizer on YOLOv8n
+    "sgd": ("ours", ["--optimizer", "sgd", "--lr0", "0.01"]),  # the plain SGD MuSGD adds its Muon step to
     # the model families (issue 25): the runs above train YOLOv8n on both sides
     "ours-11n": ("ours", ["--model", "11n"]),
     "ours-26n": ("ours", ["--model", "26n"]),
+    "26n-no-progloss": ("ours", ["--model", "26n", "--o2m-final", "0.8"]),  # constant 0.8 / 0.2 branch weights
     "ours-26n-musgd": ("ours", ["--model", "26n", "--optimizer", "musgd", "--lr0", "0.01"]),
     "peer-26n": ("peer", ["--model", "yolo26n.yaml", "optimizer=AdamW", "lr0=0.002"]),
     "peer-26n-defaults": ("peer", ["--model", "yolo26n.yaml"]),  # optimizer=auto (AdamW here: short runs)

@@ -226,6 +226,7 @@ def test_loss_is_finite_and_falls_when_overfitting_one_batch():
 
 def test_yolo26_loss_one_positive_per_object_progressive_weight_and_it_learns():
     assert [round(one_to_many_weight(e, 8), 4) for e in (0, 4, 7, 9)] == [0.8, 0.4, 0.1, 0.1]  # linear, then held
+    assert [one_to_many_weight(e, 8, final=0.8) for e in (0, 4, 7)] == [0.8, 0.8, 0.8]  # --o2m-final 0.8: constant
     _, (_, _, fg, assigned) = _assign([[(0, 4, 4, 40, 40), (1, 30, 20, 60, 60)]], keep=1)
     assert fg.sum() == 2 and sorted(assigned[fg].tolist()) == [0, 1]  # the one-to-one rule: one anchor per box
     torch.manual_seed(0)

@@ -93,12 +93,13 @@ def pad_targets(targets, batch_size):
     return padded, mask
 
 
-def one_to_many_weight(epoch, epochs):
+def one_to_many_weight(epoch, epochs, final=0.1):
     """ProgLoss (YOLO26): the weight of the one-to-many loss in epoch `epoch` (0-based) of `epochs`; the one-to-one
-    loss gets 1 minus it. It falls linearly from 0.8 in the first epoch to 0.1 in the last, as Ultralytics' E2ELoss
-    does (its update() after each epoch): early, the dense one-to-many targets shape the shared features; late, the
-    loss is mostly that of the one-to-one head inference uses. A pure function of the epoch: resume needs no state."""
-    return 0.1 + (0.8 - 0.1) * max(1 - epoch / max(epochs - 1, 1), 0)
+    loss gets 1 minus it. It falls linearly from 0.8 in the first epoch to `final` in the last, as Ultralytics'
+    E2ELoss does (its update() after each epoch, final 0.1): early, the dense one-to-many targets shape the shared
+    features; late, the loss is mostly that of the one-to-one head inference uses. final 0.8: a constant weight (no
+    ProgLoss, train.py --o2m-final 0.8). A pure function of the epoch: resume needs no state."""
+    return final + (0.8 - final) * max(1 - epoch / max(epochs - 1, 1), 0)
 
 
 class DetectionLoss:
@@ -107,15 +108,24 @@ class DetectionLoss:
     total: a scalar to backpropagate; parts: detached tensor of (box, cls, dfl), per image. Both fp32.
     Without DFL (reg_max 1, YOLO26) the third term is an L1 loss on the 4 side distances, in fractions of the image
     size. With a one-to-one branch (YOLO26: the maps come as {"one2many", "one2one"}) the total is the two branches'
-    losses weighted by one_to_many_weight(self.epoch, self.epochs) (train.py sets the epoch), and parts are the
-    one-to-one branch's (what inference uses; Ultralytics logs the same). The one-to-one assignment picks topk 7
+    losses weighted by one_to_many_weight(self.epoch, self.epochs, o2m_final) (train.py sets the epoch), and parts
+    are the one-to-one branch's (what inference uses; Ultralytics logs the same). The one-to-one assignment picks topk 7
     candidates and keeps the best one per object.
     `assignments_on_cpu` counts the label assignments that ran out of GPU memory and were redone on
     the CPU, a running total (train.py reports how many each epoch added).
     """
 
     def __init__(
-        self, head, box_gain=7.5, cls_gain=0.5, dfl_gain=1.5, topk=10, tiny_box=TINY_SIDE, class_weights=None, epochs=1
+        self,
+        head,
+        box_gain=7.5,
+        cls_gain=0.5,
+        dfl_gain=1.5,
+        topk=10,
+        tiny_box=TINY_SIDE,
+        class_weights=None,
+        epochs=1,
+        o2m_final=0.1,
     ):
         self.nc, self.reg_max, self.strides = head.nc, head.reg_max, head.strides
         self.gains = (box_gain, cls_gain, dfl_gain)
@@ -126,7 +136,8 @@ class DetectionLoss:
         # of its false positives. None: the plain BCE, bitwise as without the option.
         self.class_weights = None if class_weights is None else torch.tensor(class_weights, dtype=torch.float32)
         self.topk, self.tiny_box = topk, tiny_box
-        self.epoch, self.epochs = 0, epochs  # ProgLoss's position (end-to-end heads only; train.py sets the epoch)
+        # ProgLoss's position and end (end-to-end heads only; train.py sets the epoch)
+        self.epoch, self.epochs, self.o2m_final = 0, epochs, o2m_final
         self.assignments_on_cpu = 0
 
     def __call__(self, maps, targets):
@@ -137,7 +148,7 @@ class DetectionLoss:
             padded = self.padded(targets, maps["one2many"][0])  # once for both branches: one host read
             one2many = self.fp32_loss([m.float() for m in maps["one2many"]], padded)
             one2one = self.fp32_loss([m.float() for m in maps["one2one"]], padded, topk=7, keep=1)
-            weight = one_to_many_weight(self.epoch, self.epochs)
+            weight = one_to_many_weight(self.epoch, self.epochs, self.o2m_final)
             return one2many[0] * weight + one2one[0] * (1 - weight), one2one[1]
 
     @staticmethod
