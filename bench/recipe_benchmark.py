@@ -162,6 +162,7 @@ def table(out):
             ("ours-26n", "peer-26n"),
             ("ours-26n", "peer-26n-defaults"),
             ("ours-26n +NMS", "peer-26n +NMS"),
+            ("ours-26n +NMS", "peer-26n-defaults +NMS"),
         ]
         for ours, peer in pairs:
             ratios = [
