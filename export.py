@@ -96,7 +96,8 @@ from utils.labels import list_images, load_verified
 # softmax and expectation, the anchor arithmetic in pixels and the concatenation of box coordinates (0..imgsz) with
 # class probabilities (0..1), which in INT8 share one scale: quantized, ONNX Runtime's INT8 file scored mAP50-95 0.
 # NNCF leaves these ops in float by itself; leaving the head's last convolutions in float as well gained nothing.
-KEEP_FLOAT = [r"^/head/(?!(box|cls)\.)"]
+# YOLO26's one-to-one copies of the head's convolutions are quantized like the one-to-many ones.
+KEEP_FLOAT = [r"^/head/(?!(one2one_)?(box|cls)\.)"]
 MAX_MAP_DROP = {"fp32": 0.002, "fp16": 0.002, "int8": 0.01}
 
 

@@ -256,12 +256,11 @@ class Detect(nn.Module):
     return_maps = False  # eval mode: also return the raw maps (the per-epoch validation loss, no second forward)
 
     def forward(self, feats):
-        maps = [torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(feats, self.box, self.cls)]
+        both = self.training or self.return_maps  # else eval runs only the branch that answers
+        maps = self.branch(feats, self.box, self.cls) if both or not self.end2end else None
         if self.one_to_one:
             detached = [x.detach() for x in feats] if self.training else feats
-            one2one = [
-                torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(detached, self.one2one_box, self.one2one_cls)
-            ]
+            one2one = self.branch(detached, self.one2one_box, self.one2one_cls) if both or self.end2end else None
             maps = {"one2many": maps, "one2one": one2one}
         if self.training:
             return maps
@@ -270,6 +269,11 @@ class Detect(nn.Module):
         else:
             out = self.decode(maps["one2many"] if self.one_to_one else maps)
         return (out, maps) if self.return_maps else out
+
+    @staticmethod
+    def branch(feats, boxes, classes):
+        """One copy of the head on the 3 levels: per level, the box outputs then the class logits."""
+        return [torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(feats, boxes, classes)]
 
     def decode(self, maps):
         """Raw maps -> (batch, anchors, 4 + nc): xyxy boxes in input pixels and class probabilities.

@@ -162,6 +162,12 @@ def test_yolo26_graph_outputs_its_final_detections_without_nms(tmp_path):
     assert "TopK" in {n.op_type for n in graph.graph.node} and "NonMaxSuppression" not in {
         n.op_type for n in graph.graph.node
     }
+    # --int8: every convolution, the one-to-one head's too, is quantized; the decoding and the top-k stay float
+    assert not [n.name for n in graph.graph.node if n.op_type == "Conv" and export.keep_float(n.name)]
+    last = next(n for n in graph.graph.node if graph.graph.output[0].name in n.output)  # boxes, scores, classes
+    assert export.keep_float(last.name) and all(
+        export.keep_float(n.name) for n in graph.graph.node if n.op_type == "TopK"
+    )
     exported = load_exported(path)
     assert exported["end2end"] and exported["nms"] is None
     checkpoint = load(weights, nms=True)  # the .pt with --nms: per anchor, NMS after (postprocess asks end2end)
