@@ -323,15 +323,8 @@ def main():
     if not font.exists():  # dataset checks would try to download it and fail offline
         sys.exit(f"error: {font} missing; copy matplotlib's DejaVuSans.ttf there (see the docstring)")
 
-    mode = (
-        "benchmark"
-        if args.benchmark_iters
-        else "validate"
-        if args.validate
-        else "train"
-        if args.epochs > 0
-        else "export"
-    )
+    modes = [("benchmark", args.benchmark_iters), ("validate", args.validate), ("train", args.epochs > 0)]
+    mode = next((name for name, given in modes if given), "export")
     summary = {
         "mode": mode,
         "mAP50-95": None,
