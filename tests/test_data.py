@@ -11,10 +11,12 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -1007,6 +1009,29 @@ def test_workers_have_cv2_threads_off_opencl_off_file_limit_raised_and_persist()
         cv2.setNumThreads(-1)
     D.fix_cv2_and_file_limits()  # and in the main process
     assert cv2.getNumThreads() <= 1 and not cv2.ocl.useOpenCL()
+
+
+def _slow_worker_start(report):
+    """A loader worker whose start is slow (as under load): a SIGTERM reaches it before _worker_init runs."""
+    report.put("started")
+    time.sleep(1.0)
+    D._worker_init(D._main_exiting(), 0)
+    report.put(sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+
+
+def test_a_sigterm_while_a_worker_starts_waits_for_its_handler_and_does_not_kill_it():
+    """SLURM pre-emption as the validation loader's workers start (the first epoch's end): the worker must live
+    on so that the step can finish and last.pt be saved (the SIGTERM test of test_train.py crashed on this)."""
+    context = D._worker_context()  # the context make_loader gives the DataLoader
+    report = context.Queue()
+    worker = context.Process(target=_slow_worker_start, args=(report,))
+    worker.start()
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # the main process: unblocked again
+    assert report.get(timeout=60) == "started"
+    os.kill(worker.pid, signal.SIGTERM)  # before the worker's handler is set
+    mask = report.get(timeout=60)
+    worker.join(timeout=60)
+    assert worker.exitcode == 0 and signal.SIGTERM not in mask and signal.SIGINT not in mask
 
 
 # ---------------------------------------------------------------------------------------------

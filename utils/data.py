@@ -322,6 +322,9 @@ def fix_cv2_and_file_limits():
             resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 1 << 20), hard))
 
 
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
 def _worker_init(main_exiting, _):
     fix_cv2_and_file_limits()  # every worker is a new process: apply the fixes there too
     # SIGTERM to the whole process group (SLURM pre-emption, kill -- -PGID) and Ctrl+C reach the workers
@@ -330,7 +333,28 @@ def _worker_init(main_exiting, _):
     # waits for them).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0) if main_exiting.is_set() else None)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked since the fork: see _worker_context
     torch.set_num_threads(1)  # a worker needs no intra-op threads; they would fight the main process
+
+
+@functools.cache
+def _worker_context():
+    """The default start method's multiprocessing context, whose processes start with SIGTERM and SIGINT blocked
+    (they inherit the mask): a signal to the process group while a worker starts waits until _worker_init has
+    set the worker's handlers. Without it, a SIGTERM in that window (torch sets its own SIGTERM handler in the
+    worker first, which ends it) killed the worker, and the run crashed instead of saving last.pt: the
+    validation loader's workers start at the first epoch's end, a likely moment for a pre-emption to land."""
+    concrete = multiprocessing.get_context().get_context()  # fork, spawn or forkserver: the default
+
+    class Process(concrete.Process):
+        def start(self):
+            previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                super().start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    return type(type(concrete).__name__, (type(concrete),), {"Process": Process})()
 
 
 @functools.cache
@@ -351,6 +375,7 @@ def make_loader(dataset, batch_sampler=None, batch_size=None, workers=2, pin_mem
         collate_fn=collate,
         pin_memory=pin_memory,
         worker_init_fn=functools.partial(_worker_init, _main_exiting()),
+        multiprocessing_context=_worker_context() if workers > 0 else None,
         persistent_workers=workers > 0,  # pitfall D8: workers re-created each epoch would re-import code edited since
         prefetch_factor=4 if workers > 0 else None,
     )
