@@ -148,7 +148,8 @@ def table(out):
         lines += [f"\n{dataset}: mAP50-95, mean +/- std over seeds (n)\n"]
         lines += ["| run | " + " | ".join(f"{e} epochs" for e in budgets) + " |"]
         lines += ["|---" * (len(budgets) + 1) + "|"]
-        for run in [r for r in RUNS for r in (r, f"{r} +NMS") if any(k[:2] == (dataset, r) for k in cells)]:
+        rows = [name for r in RUNS for name in (r, f"{r} +NMS")]  # a YOLO26 run's +NMS row right under it
+        for run in [r for r in rows if any(k[:2] == (dataset, r) for k in cells)]:
             row = []
             for e in budgets:
                 v = cells.get((dataset, run, e), [])
