@@ -69,13 +69,8 @@ def time_models(models, images, conf, warmup=3):
     for img in images:
         for model, times in zip(models, parts):
             times.append(detect_image(model, img, model["imgsz"], conf=conf)[1])
-    return [
-        [
-            statistics.median(c)
-            for c in [[1000 * p[i] for p in times] for i in range(3)] + [[1000 * sum(p) for p in times]]
-        ]
-        for times in parts
-    ]
+    # per image (preprocess, network, post-processing) -> per stage and in all, the median in ms
+    return [[1000 * statistics.median(stage) for stage in [*zip(*times), map(sum, times)]] for times in parts]
 
 
 def main():
