@@ -101,6 +101,7 @@ add = parser.add_argument
 add("--data", default="data/shapes.yaml", help="dataset yaml")
 add("--model", default="n", help="YOLOv8 n .. x; YOLO11 11n .. 11x; YOLO26 26n .. 26x; or a .pt (ours or Ultralytics')")
 add("--weights", default="", help="initialise from this .pt, ours or Ultralytics' (tensors that match)")
+add("--reg-max", type=int, default=0, help="box bins per side: 16 = DFL, 1 = no DFL; 0: the family's (26: 1, else 16)")
 add("--epochs", type=int, default=100)
 add("--batch", type=int, default=16, help="total batch size over all GPUs; -1: from the free GPU memory (one GPU)")
 add("--imgsz", type=int, default=640, help="training image size")
@@ -187,14 +188,14 @@ except ValueError as e:
 init_path = args.model if args.model.endswith(".pt") else args.weights
 try:
     init_ckpt = load_checkpoint(init_path) if init_path and not resume_ckpt else None  # a resume has its own
-    scale = architecture(args.model, resume_ckpt, init_ckpt)
+    scale, reg_max = architecture(args.model, args.reg_max, resume_ckpt, init_ckpt)
 except (CheckpointError, ValueError) as e:
     sys.exit(f"error: {e}")
 
 use_amp = args.amp if args.amp is not None else device.type == "cuda"
 amp_dtype = amp_dtype_for(device, args.amp_dtype)  # auto: bf16 where the hardware has it, else fp16
 if args.batch == -1:  # measured on the GPU with a model of this run's size (utils/autobatch.py)
-    probe = YOLO(scale, nc, args.checkpoint_activations).to(device, memory_format=torch.channels_last)
+    probe = YOLO(scale, nc, args.checkpoint_activations, reg_max=reg_max).to(device, memory_format=torch.channels_last)
     largest, amp = multi_scale_max(args.imgsz) if args.multi_scale else args.imgsz, amp_dtype if use_amp else None
     args.batch = batch_from_memory(probe, largest, device, amp, world_size, parser.get_default("batch"))
     probe = None
@@ -219,7 +220,7 @@ seed_everything(args.seed + rank, args.deterministic)  # per-rank seeds; the dat
 # The class branch keeps the width of the weights it starts from (or resumes): with another class count,
 # all but its last convs then transfer.
 cls_width = class_width(checkpoint_weights(resume_ckpt or init_ckpt)) if resume_ckpt or init_ckpt else 0
-model = YOLO(scale, nc, checkpoint_activations=args.checkpoint_activations, cls_width=cls_width)
+model = YOLO(scale, nc, checkpoint_activations=args.checkpoint_activations, cls_width=cls_width, reg_max=reg_max)
 if init_ckpt:
     log.info(initialise_from(model, init_ckpt, init_path))
 for name, p in model.named_parameters():

@@ -331,9 +331,11 @@ class YOLO(nn.Module):
     C3k2, adds the C2PSA attention stage after SPPF and widens the backbone's P2/P3 outputs; YOLO26 changes
     YOLO11 as said where it is built, and its eval output is final detections, not per-anchor predictions.
     cls_width: see Detect; fine-tuning keeps the width of the weights it starts from (class_width), so that a
-    checkpoint with another class count transfers all but the last class convolutions."""
+    checkpoint with another class count transfers all but the last class convolutions.
+    reg_max: the box branch's bins per side; 0 = the family's (16, DFL, for v8 and 11; 1, no DFL, for 26). Another
+    value is for the ablation (train.py --reg-max: YOLO11 without DFL); checkpoints carry it in their weights."""
 
-    def __init__(self, scale="n", nc=80, checkpoint_activations=False, cls_width=0):
+    def __init__(self, scale="n", nc=80, checkpoint_activations=False, cls_width=0, reg_max=0):
         super().__init__()
         if scale not in SCALES:
             raise ValueError(f"model must be one of {', '.join(SCALES)}, got {scale!r}")
@@ -363,7 +365,7 @@ class YOLO(nn.Module):
             self.down_p3, self.bottom4 = Conv(c3, c3, 3, 2), C3k2(c3 + c4, c4, n2, deep_neck)
             self.down_p4 = Conv(c4, c4, 3, 2)
             self.bottom5 = C3k2(c4 + c5, c5, 1, True, attention=True) if yolo26 else C3k2(c4 + c5, c5, n2, True)
-            reg_max = 1 if yolo26 else 16
+            reg_max = reg_max or (1 if yolo26 else 16)
             self.head = Detect(nc, (c3, c4, c5), reg_max, light_cls=True, cls_width=cls_width, end2end=yolo26)
         else:
             n3, n6 = max(round(3 * depth), 1), max(round(6 * depth), 1)
@@ -379,7 +381,7 @@ class YOLO(nn.Module):
             self.top3 = C2f(c4 + c3, c3, n3)
             self.down_p3, self.bottom4 = Conv(c3, c3, 3, 2), C2f(c3 + c4, c4, n3)
             self.down_p4, self.bottom5 = Conv(c4, c4, 3, 2), C2f(c4 + c5, c5, n3)
-            self.head = Detect(nc, (c3, c4, c5), cls_width=cls_width)
+            self.head = Detect(nc, (c3, c4, c5), reg_max or 16, cls_width=cls_width)
         for m in self.modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.eps, m.momentum = 1e-3, 0.03
@@ -428,20 +430,27 @@ class YOLO(nn.Module):
         return self
 
 
-def architecture(model_arg, resume_ckpt=None, init_ckpt=None):
-    """The scale a run builds: a resumed run's, that of the .pt given as --model, or --model itself."""
-    if resume_ckpt:
-        return resume_ckpt["scale"]
-    if model_arg.endswith(".pt"):
-        return init_ckpt["scale"]
+def architecture(model_arg, reg_max=0, resume_ckpt=None, init_ckpt=None):
+    """The network a run builds, (scale, reg_max): a resumed run's, that of the .pt given as --model, or --model
+    itself with --reg-max (0: the family's)."""
+    ckpt = resume_ckpt or (init_ckpt if model_arg.endswith(".pt") else None)
+    if ckpt:
+        return ckpt["scale"], box_bins(checkpoint_weights(ckpt))
     if model_arg not in SCALES:
         raise ValueError(f"--model {model_arg}: give one of {', '.join(SCALES)} or a .pt file")
-    return model_arg
+    if reg_max < 0:
+        raise ValueError(f"--reg-max {reg_max}: give 0 (the family's), 1 (no DFL) or the DFL bins per side (16)")
+    return model_arg, reg_max
 
 
 def class_width(weights):
     """The class branch's width in a state dict (the input width of its last conv)."""
     return weights["head.cls.0.2.weight"].shape[1]
+
+
+def box_bins(weights):
+    """The box branch's bins per side (reg_max) in a state dict: its last conv has 4 of them per anchor."""
+    return weights["head.box.0.2.weight"].shape[0] // 4
 
 
 def load_matching(model, weights):
@@ -491,7 +500,7 @@ def model_from_checkpoint(ckpt, source=""):
         ckpt, source = load_checkpoint(ckpt), ckpt
     try:
         weights = checkpoint_weights(ckpt)
-        model = YOLO(ckpt["scale"], ckpt["nc"], cls_width=class_width(weights))
+        model = YOLO(ckpt["scale"], ckpt["nc"], cls_width=class_width(weights), reg_max=box_bins(weights))
         model.load_state_dict(weights)
         model.names, model.imgsz = ckpt["names"], ckpt["imgsz"]
     except (KeyError, RuntimeError, ValueError, TypeError) as e:

@@ -886,3 +886,27 @@ def test_mlflow_without_mlflow_installed_gets_one_sentence_before_anything_is_wr
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "--mlflow needs MLflow, which is not installed: pip install mlflow-skinny" in result.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_reg_max_1_trains_11n_without_dfl_and_its_checkpoint_rebuilds_that_network(tiny_data, tmp_path):
+    """--reg-max 1 (the no-DFL ablation): 4 distances per anchor instead of 4 x 16 bins, the L1 term in place of DFL;
+    val.py, detect.py and export.py (model_from_checkpoint) and a fine-tune from the .pt rebuild it from the weights."""
+    from models.yolo import model_from_checkpoint
+
+    tiny = [*TINY, "--model", "11n", "--val-every", "9"]  # the last --model wins: 11n
+    run(["--data", tiny_data, "--epochs", "1", "--reg-max", "1", "--out", tmp_path / "nodfl", *tiny])
+    last = load(tmp_path / "nodfl/weights/last.pt")
+    assert last["model"]["head.box.0.2.weight"].shape[0] == 4 and last["args"]["reg_max"] == 1
+    assert last["scale"] == "11n" and math.isfinite(json.loads((tmp_path / "nodfl/metrics.json").read_text())["mAP50"])
+    model = model_from_checkpoint(last)
+    assert model.head.reg_max == 1 and not model.end2end
+    with torch.no_grad():
+        assert model(torch.rand(1, 3, 64, 64)).shape == (1, 8 * 8 + 4 * 4 + 2 * 2, 4 + 6)  # per anchor, for NMS
+    # a .pt as --model is its network: all tensors transfer, without --reg-max given again
+    pt = tmp_path / "nodfl/weights/last.pt"
+    run(["--data", tiny_data, "--epochs", "1", "--out", tmp_path / "tune", *tiny[:-4], "--model", pt])
+    log = (tmp_path / "tune/train.log").read_text()
+    assert re.search(r"initialised (\d+)/\1 tensors", log), log
+    result = run(["--data", tiny_data, "--reg-max", "-1", "--out", tmp_path / "x", *tiny], check=False)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "--reg-max -1: give 0 (the family's), 1 (no DFL) or the DFL bins per side (16)" in result.stderr
