@@ -5,33 +5,44 @@ import math
 import torch
 import torch.nn as nn
 
+CLASS_BRANCHES = ("head.cls.", "head.one2one_cls.")  # what MuSGD trains at CLASS_LR_SCALE times the rate
+CLASS_LR_SCALE = 3.0
+
 
 def build_optimizer(model, name, lr, momentum, weight_decay):
     """Three parameter groups: conv/linear weights (with weight decay), BatchNorm weights and all
     biases (without: decaying a BN scale or a bias towards zero only hurts). Frozen parameters
     (requires_grad=False) are left out: with weight decay on, a zero gradient still moves a
-    parameter (pitfall T4)."""
-    decay, no_decay, biases = [], [], []
-    for module in model.modules():
+    parameter (pitfall T4). musgd, as Ultralytics builds it: the class branches' parameters in three more groups
+    (first) whose rate is CLASS_LR_SCALE times the others' (their `lr_scale`, which set_learning_rate applies)."""
+    split = name == "musgd"
+    groups = {}  # (name, lr_scale): params
+    for module_name, module in model.named_modules():
+        scale = CLASS_LR_SCALE if split and f"{module_name}.".startswith(CLASS_BRANCHES) else 1.0
         for pname, p in module.named_parameters(recurse=False):
             if not p.requires_grad:
                 continue
             if pname == "bias":
-                biases.append(p)
+                kind = "bias"
             elif isinstance(module, (nn.BatchNorm2d, nn.SyncBatchNorm, nn.GroupNorm, nn.LayerNorm)):
-                no_decay.append(p)
+                kind = "no_decay"
             else:
-                decay.append(p)
-    # Groups carry their name: the warmup and a resume find them by it, not by position.
+                kind = "decay"
+            groups.setdefault((kind, scale), []).append(p)
+    # Groups carry their name: the warmup and a resume find them by it, not by position. The plain decay group comes
+    # last: train.py logs its rate.
+    scales = [CLASS_LR_SCALE, 1.0] if split else [1.0]
     groups = [
-        {"name": "bias", "params": biases, "weight_decay": 0.0},
-        {"name": "no_decay", "params": no_decay, "weight_decay": 0.0},
-        {"name": "decay", "params": decay, "weight_decay": weight_decay},
+        {"name": kind + "_cls" * (scale != 1), "params": groups.get((kind, scale), []), "lr_scale": scale}
+        | {"weight_decay": weight_decay if kind == "decay" else 0.0}
+        for scale in scales
+        for kind in ("bias", "no_decay", "decay")
     ]
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
-    if name == "musgd":  # conv weights (the decay group) get Muon's update as well as SGD's
-        groups[-1]["use_muon"] = True
+    if name == "musgd":  # conv weights (the decay groups) get Muon's update as well as SGD's
+        for group in groups:
+            group["use_muon"] = group["name"].startswith("decay")
         return MuSGD(groups, lr=lr, momentum=momentum, nesterov=True)
     if name == "adamw":
         # Optimizer state stays fp32 under AMP (torch keeps it in the parameters' dtype, and the
@@ -97,10 +108,10 @@ class MuSGD(torch.optim.Optimizer):
 
 
 def load_optimizer_state(optimizer, state):
-    """A resumed optimizer: its moments from `state`, its groups' names and weight decay from this run (the
-    decay is scaled by the batch, which a resume on other GPUs may change; checkpoints before the names had
-    none)."""
-    fresh = [{k: g[k] for k in ("name", "weight_decay")} for g in optimizer.param_groups]
+    """A resumed optimizer: its moments from `state`, its groups' names, rate scales and weight decay from this run
+    (the decay is scaled by the batch, which a resume on other GPUs may change; older checkpoints had no names and
+    no rate scales)."""
+    fresh = [{k: g[k] for k in ("name", "weight_decay", "lr_scale")} for g in optimizer.param_groups]
     optimizer.load_state_dict(state)
     for group, settings in zip(optimizer.param_groups, fresh):
         group.update(settings)
@@ -117,12 +128,14 @@ def lr_factor(epoch, epochs, final_fraction, schedule):
 def set_learning_rate(optimizer, iteration, epoch, hyp, epochs, warmup_iterations):
     """Set lr (and momentum during warmup) of each group for this iteration. A pure function of
     (iteration, epoch), so a resumed run needs no scheduler state. Warmup: biases start high
-    (warmup_bias_lr) and come down, the other groups rise from 0, momentum rises to its value."""
-    target = hyp["lr0"] * lr_factor(epoch, epochs, hyp["lrf"], hyp["schedule"])
+    (warmup_bias_lr) and come down, the other groups rise from 0, momentum rises to its value. A group's
+    lr_scale (MuSGD's class branches) multiplies the rate it reaches."""
+    lr = hyp["lr0"] * lr_factor(epoch, epochs, hyp["lrf"], hyp["schedule"])
     for group in optimizer.param_groups:
+        target = lr * group.get("lr_scale", 1.0)  # checkpoints from before lr_scale have none
         if iteration < warmup_iterations:
             t = iteration / warmup_iterations
-            start = hyp["warmup_bias_lr"] if group["name"] == "bias" else 0.0
+            start = hyp["warmup_bias_lr"] if group["name"].startswith("bias") else 0.0
             group["lr"] = start + (target - start) * t
             m = hyp["warmup_momentum"] + (hyp["momentum"] - hyp["warmup_momentum"]) * t
         else:
