@@ -16,7 +16,7 @@ def build_optimizer(model, name, lr, momentum, weight_decay):
     parameter (pitfall T4). musgd, as Ultralytics builds it: the class branches' parameters in three more groups
     (first) whose rate is CLASS_LR_SCALE times the others' (their `lr_scale`, which set_learning_rate applies)."""
     split = name == "musgd"
-    groups = {}  # (name, lr_scale): params
+    found = {}  # (kind, lr_scale): parameters
     for module_name, module in model.named_modules():
         scale = CLASS_LR_SCALE if split and f"{module_name}.".startswith(CLASS_BRANCHES) else 1.0
         for pname, p in module.named_parameters(recurse=False):
@@ -28,14 +28,17 @@ def build_optimizer(model, name, lr, momentum, weight_decay):
                 kind = "no_decay"
             else:
                 kind = "decay"
-            groups.setdefault((kind, scale), []).append(p)
+            found.setdefault((kind, scale), []).append(p)
     # Groups carry their name: the warmup and a resume find them by it, not by position. The plain decay group comes
     # last: train.py logs its rate.
-    scales = [CLASS_LR_SCALE, 1.0] if split else [1.0]
     groups = [
-        {"name": kind + "_cls" * (scale != 1), "params": groups.get((kind, scale), []), "lr_scale": scale}
-        | {"weight_decay": weight_decay if kind == "decay" else 0.0}
-        for scale in scales
+        {
+            "name": kind + "_cls" * (scale != 1.0),
+            "params": found.get((kind, scale), []),
+            "weight_decay": weight_decay if kind == "decay" else 0.0,
+            "lr_scale": scale,
+        }
+        for scale in ([CLASS_LR_SCALE, 1.0] if split else [1.0])
         for kind in ("bias", "no_decay", "decay")
     ]
     if name == "sgd":
@@ -132,7 +135,7 @@ def set_learning_rate(optimizer, iteration, epoch, hyp, epochs, warmup_iteration
     lr_scale (MuSGD's class branches) multiplies the rate it reaches."""
     lr = hyp["lr0"] * lr_factor(epoch, epochs, hyp["lrf"], hyp["schedule"])
     for group in optimizer.param_groups:
-        target = lr * group.get("lr_scale", 1.0)  # checkpoints from before lr_scale have none
+        target = lr * group["lr_scale"]
         if iteration < warmup_iterations:
             t = iteration / warmup_iterations
             start = hyp["warmup_bias_lr"] if group["name"].startswith("bias") else 0.0
