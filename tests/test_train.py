@@ -890,8 +890,10 @@ def test_mlflow_without_mlflow_installed_gets_one_sentence_before_anything_is_wr
 
 def test_reg_max_1_trains_11n_without_dfl_and_its_checkpoint_rebuilds_that_network(tiny_data, tmp_path):
     """--reg-max 1 (the no-DFL ablation): 4 distances per anchor instead of 4 x 16 bins, the L1 term in place of DFL;
-    val.py, detect.py and export.py (model_from_checkpoint) and a fine-tune from the .pt rebuild it from the weights."""
-    from models.yolo import model_from_checkpoint
+    val.py, detect.py and export.py (model_from_checkpoint), a resume and a fine-tune from the .pt rebuild it from the
+    weights."""
+    from models.yolo import architecture, model_from_checkpoint
+    from utils.checkpoint import load_checkpoint
 
     tiny = [*TINY, "--model", "11n", "--val-every", "9"]  # the last --model wins: 11n
     run(["--data", tiny_data, "--epochs", "1", "--reg-max", "1", "--out", tmp_path / "nodfl", *tiny])
@@ -902,11 +904,10 @@ def test_reg_max_1_trains_11n_without_dfl_and_its_checkpoint_rebuilds_that_netwo
     assert model.head.reg_max == 1 and not model.end2end
     with torch.no_grad():
         assert model(torch.rand(1, 3, 64, 64)).shape == (1, 8 * 8 + 4 * 4 + 2 * 2, 4 + 6)  # per anchor, for NMS
-    # a .pt as --model is its network: all tensors transfer, without --reg-max given again
+    # a .pt as --model (or a resume) is its network, whatever --reg-max says; a scale takes --reg-max
     pt = tmp_path / "nodfl/weights/last.pt"
-    run(["--data", tiny_data, "--epochs", "1", "--out", tmp_path / "tune", *tiny[:-4], "--model", pt])
-    log = (tmp_path / "tune/train.log").read_text()
-    assert re.search(r"initialised (\d+)/\1 tensors", log), log
+    assert architecture(str(pt), 0, init_ckpt=load_checkpoint(pt)) == ("11n", 1)
+    assert architecture("n", 0, resume_ckpt=last) == ("11n", 1) and architecture("26n", 16) == ("26n", 16)
     result = run(["--data", tiny_data, "--reg-max", "-1", "--out", tmp_path / "x", *tiny], check=False)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "--reg-max -1: give 0 (the family's), 1 (no DFL) or the DFL bins per side (16)" in result.stderr
