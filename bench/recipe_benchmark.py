@@ -63,6 +63,7 @@ RUNS = {
     "11n-no-dfl": ("ours", ["--model", "11n", "--reg-max", "1"]),  # 11n's box branch as YOLO26's: 4 distances, L1
     "ours-26n": ("ours", ["--model", "26n"]),
     "26n-dfl": ("ours", ["--model", "26n", "--reg-max", "16"]),  # the other way: 26n with 11n's DFL box branch
+    "26n-l1-x10": ("ours", ["--model", "26n", "--dfl", "15"]),  # 10x the gain of the L1 term that replaces DFL
     "26n-no-progloss": ("ours", ["--model", "26n", "--o2m-final", "0.8"]),  # constant 0.8 / 0.2 branch weights
     "ours-26n-musgd": ("ours", ["--model", "26n", "--optimizer", "musgd", "--lr0", "0.01"]),
     "peer-26n": ("peer", ["--model", "yolo26n.yaml", "optimizer=AdamW", "lr0=0.002"]),
