@@ -39,8 +39,10 @@ from utils.labels import list_images  # noqa: E402
 
 def export(weights, size, folder, data):
     """best.onnx of the checkpoint at size x size (export.py, its check and a short accuracy gate), in a folder
-    named after the model (n, 11n, 26n, ...)."""
-    copy = folder / f"{load_checkpoint(weights)['args']['model']}_{size}" / "best.pt"
+    named after the model (n, 11n, 26n, ...; 26n-reg-max-16 for train.py --reg-max 16)."""
+    args = load_checkpoint(weights)["args"]
+    name = args["model"] + (f"-reg-max-{args['reg_max']}" if args.get("reg_max") else "")
+    copy = folder / f"{name}_{size}" / "best.pt"
     copy.parent.mkdir(parents=True)
     shutil.copy(weights, copy)
     command = [sys.executable, "export.py", "--weights", str(copy), "--onnx", "--imgsz", str(size)]
