@@ -419,3 +419,38 @@ def test_batch_minus_one_with_multi_scale_measures_at_the_largest_size(emulated_
     assert run_script("train.py", *args) == 0
     assert measured == [(96, CUDA0, CUDA0, "YOLO")]
     assert yaml.safe_load((tmp_path / "run/args.yaml").read_text())["batch"] == 4
+
+
+def test_yolo26_trains_in_bf16_with_both_heads_and_validates_in_fp16_on_the_gpu(data, tmp_path, monkeypatch):
+    """YOLO26 on the GPU path: its two heads (the one-to-one copy on detached features) train under bf16 autocast
+    with the same two host syncs per optimizer step as the other models (both branches' losses share one padding
+    of the targets), and val.py --half answers with the end-to-end head, and with --nms with the other one."""
+    without_host_only_work(monkeypatch)
+    out = tmp_path / "run"
+    args = ["--data", data, "--epochs", "1", "--batch", "2", "--out", out, *TINY, "--model", "26n"]
+    with emulated_cuda((8, 0)) as gpu:
+        seen = watch_training(monkeypatch, gpu)
+        assert run_script("train.py", *args) == 0
+    assert "amp bfloat16" in (out / "train.log").read_text()
+    assert len(seen.forwards) == 4 and all(f["autocast"] == torch.bfloat16 for f in seen.forwards)
+    assert all(f["parameters"] == {CUDA0} and f["input"] == CUDA0 for f in seen.forwards)
+    per_step = [after - before for before, after in zip(seen.syncs_after_step, seen.syncs_after_step[1:])]
+    assert all(step == Counter(_local_scalar_dense=1, tolist=1) for step in per_step), per_step
+    last = load(out / "weights/last.pt")
+    assert any(k.startswith("head.one2one_box.") for k in last["model"])
+    assert all(torch.isfinite(t).all() for t in last["model"].values() if t.is_floating_point())
+    row = next(csv.DictReader(open(out / "results.csv")))
+    assert all(float(row[k]) > 0 for k in ("box_loss", "cls_loss", "dfl_loss"))
+
+    ops = {}  # mode: (top-k runs, NMS runs)
+    for mode in ("end2end", "--nms"):
+        val = tmp_path / mode.strip("-")
+        with emulated_cuda((8, 0)) as gpu:
+            argv = ["--weights", out / "weights/best.pt", "--data", data, "--half", "--device", "0", "--workers", "0"]
+            assert run_script("val.py", *argv, *[mode] * (mode == "--nms"), "--out", val) == 0
+        assert gpu.count("convolution", torch.float16) > 0 and gpu.count("convolution", torch.float32) == 0
+        ops[mode] = gpu.count("topk"), gpu.count("nms")
+        assert {"mAP50", "mAP50-95"} <= yaml.safe_load((val / "metrics.json").read_text()).keys()
+    # end to end: the head's top-k picks the detections and nothing runs NMS; --nms: NMS picks them, no top-k
+    assert ops["end2end"][0] > 0 and ops["end2end"][1] == 0
+    assert ops["--nms"][0] == 0 and ops["--nms"][1] > 0
