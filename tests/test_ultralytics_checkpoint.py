@@ -383,28 +383,35 @@ def six_class_data(tmp_path):
     return cfg
 
 
-def test_weights_with_another_class_count_transfer_all_but_the_class_convs(fake_ultralytics, six_class_data, tmp_path):
-    ours = randomised(YOLO("11n", nc=80))
-    path = tmp_path / "yolo11n.pt"
-    save_like_ultralytics(ultralytics_model(ours, "11"), path)
+@pytest.mark.parametrize("scale", ["11n", "26n"])
+def test_weights_with_another_class_count_transfer_all_but_the_class_convs(
+    fake_ultralytics, six_class_data, tmp_path, scale
+):
+    """Fine-tuning yolo11n.pt / yolo26n.pt (80 classes) on 6: every tensor but the last class convs transfers (for
+    YOLO26 those of both heads' copies), and a run that freezes the rest leaves them exactly as loaded."""
+    ours = randomised(YOLO(scale, nc=80))
+    path = tmp_path / f"yolo{scale}.pt"
+    save_like_ultralytics(ultralytics_model(ours, scale[:2]), path)
     fake_ultralytics()
 
     out = tmp_path / "run"
-    cmd = [sys.executable, "train.py", "--data", six_class_data, "--model", "11n", "--weights", path]
+    cmd = [sys.executable, "train.py", "--data", six_class_data, "--model", scale, "--weights", path]
     cmd += ["--epochs", "1", "--imgsz", "64", "--batch", "4", "--workers", "0", "--device", "cpu"]
     # everything frozen but the fresh last class convs: the transferred weights must come out unchanged
-    frozen = "stem,down,stage,sppf,psa,top,bottom,head.box," + ",".join(
-        f"head.cls.{i}.{j}" for i in range(3) for j in (0, 1)
+    branches = ["cls", "one2one_cls"] if scale == "26n" else ["cls"]
+    frozen = "stem,down,stage,sppf,psa,top,bottom,head.box,head.one2one_box," + ",".join(
+        f"head.{b}.{i}.{j}" for b in branches for i in range(3) for j in (0, 1)
     )
     cmd += ["--out", out, "--warmup-epochs", "0", "--freeze", frozen]
     result = subprocess.run(list(map(str, cmd)), cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    total = len(YOLO("11n", nc=6).state_dict())
-    assert f"initialised {total - 6}/{total} tensors from {path}" in result.stdout + result.stderr
+    total, fresh = len(YOLO(scale, nc=6).state_dict()), 6 * len(branches)
+    assert f"initialised {total - fresh}/{total} tensors from {path}" in result.stdout + result.stderr
     trained = torch.load(out / "weights" / "last.pt", weights_only=True)["model"]
     source = ours.half().float().state_dict()
     for name, tensor in trained.items():
-        if name.startswith("head.cls.") and name.split(".")[3] == "2":  # the last class conv of each level
+        parts = name.split(".")  # head.cls.<level>.2.weight: the last class conv of a level
+        if parts[0] == "head" and parts[1] in branches and parts[3] == "2":
             assert tensor.shape[0] == 6
         elif "num_batches_tracked" not in name and "running" not in name:
             assert torch.equal(tensor, source[name]), name
