@@ -64,6 +64,7 @@ RUNS = {
     "ours-26n": ("ours", ["--model", "26n"]),
     "26n-dfl": ("ours", ["--model", "26n", "--reg-max", "16"]),  # the other way: 26n with 11n's DFL box branch
     "26n-l1-x10": ("ours", ["--model", "26n", "--dfl", "15"]),  # 10x the gain of the L1 term that replaces DFL
+    "26n-tiny-box-16": ("ours", ["--model", "26n", "--tiny-box", "16"]),  # Ultralytics' small-target rule, on 26n
     "26n-no-progloss": ("ours", ["--model", "26n", "--o2m-final", "0.8"]),  # constant 0.8 / 0.2 branch weights
     "ours-26n-musgd": ("ours", ["--model", "26n", "--optimizer", "musgd", "--lr0", "0.01"]),
     "peer-26n": ("peer", ["--model", "yolo26n.yaml", "optimizer=AdamW", "lr0=0.002"]),
