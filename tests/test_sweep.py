@@ -1,4 +1,5 @@
-"""Tests for sweep.py. Commands are tiny python scripts instead of training runs."""
+"""Tests for tools/sweep.py (and the one sentence that sweep.py, its old path, answers with). Commands are tiny python
+scripts instead of training runs."""
 
 import csv
 import json
@@ -14,7 +15,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-SWEEP = ROOT / "sweep.py"
+SWEEP = ROOT / "tools" / "sweep.py"
 PY = shlex.quote(sys.executable)
 
 # Stands in for train.py / val.py: records when it ran, where (CUDA_VISIBLE_DEVICES),
@@ -324,3 +325,13 @@ def test_bad_yaml(tmp_path):
     (tmp_path / "spec.yaml").write_text("template: {train: [\n")
     r = sweep(tmp_path, "spec.yaml")
     assert r.returncode == 2 and "not valid YAML" in r.stderr and "\n" not in r.stderr.strip()
+
+
+@pytest.mark.parametrize("args", [["spec.yaml"], ["table", "out"], []])
+def test_old_path_names_the_new_one(tmp_path, args):
+    r = subprocess.run([sys.executable, str(ROOT / "sweep.py"), *args], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode != 0 and r.stdout == ""
+    message = r.stderr.strip()
+    assert "\n" not in message and "Traceback" not in message, message
+    assert message.startswith("sweep.py moved: run python tools/sweep.py " + (" ".join(args) or "SPEC.yaml")), message
+    assert not (tmp_path / "out").exists()

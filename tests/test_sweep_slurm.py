@@ -1,4 +1,4 @@
-"""sweep.py --slurm on the single-node cluster of tests/slurm_cluster.py: one sbatch job per experiment, the
+"""tools/sweep.py --slurm on the single-node cluster of tests/slurm_cluster.py: one sbatch job per experiment, the
 same folders as a local run, reruns that resubmit only what failed, and Ctrl+C cancelling what it submitted."""
 
 import os
