@@ -6,21 +6,21 @@ GPU/CPU waits on data: add --workers, use --cache ram, or lower the augmentation
     python bench/bench_dataloader.py --batches 3 --steps 1 --sizes 320   # a quick smoke run
 
 The two are timed one after the other, never together, so neither steals the other's cores.
-The augmentation settings are read from train.py's HYP table (the defaults a run uses).
+The augmentation settings are utils/hyperparameters.py's HYP table (the defaults a run uses).
 
 --per-worker: the loader alone, images/s per loader worker and images per CPU-second of a worker (what sizes the
 CPU of a GPU machine: cores needed = --target-rate / per-worker rate), at each worker count given, on a generated
 shapes set (--shapes-dir, --shapes-n images of --shapes-size px; made once, then reused) or --data. --peer-python runs
-bench/ultralytics_dataloader.py with that interpreter (the peer venv; ultralytics is never imported here) on the
-same images, same size, batch, workers, warm-up and batch count, interleaved with ours repeat by repeat:
+bench/ultralytics_dataloader.py with that interpreter (the peer venv that bench/peer_env.sh makes; alone, the flag
+takes $PEER_PYTHON; ultralytics is never imported here) on the same images, same size, batch, workers, warm-up and
+batch count, interleaved with ours repeat by repeat:
 
     python bench/bench_dataloader.py --per-worker 1 2 --sizes 640 --batch 16 --warmup 5 --batches 30 --repeats 3 \
-        --peer-python /work/peer-venv/bin/python
+        --peer-python
     python bench/bench_dataloader.py --per-worker 1 --sizes 640 --profile 200     # where our time goes (one process)
 """
 
 import argparse
-import ast
 import cProfile
 import gc
 import itertools
@@ -41,23 +41,16 @@ sys.path.insert(0, str(REPO))  # run as `python bench/bench_dataloader.py`: find
 import cv2  # noqa: E402
 import torch  # noqa: E402
 from cpu_time import cpu_seconds  # noqa: E402  (bench/, the script's own folder, is on sys.path)
+from peer import find_peer_python  # noqa: E402
 
 from models.yolo import YOLO  # noqa: E402
 from utils.data import EpochBatchSampler, TrainDataset, fix_cv2_and_file_limits, make_loader  # noqa: E402
 from utils.dataset_yaml import load_dataset_yaml  # noqa: E402
+from utils.hyperparameters import HYP  # noqa: E402
 from utils.images import cache_images  # noqa: E402
 from utils.labels import load_verified  # noqa: E402
 from utils.loss import DetectionLoss  # noqa: E402
 from utils.shapes import make_shapes  # noqa: E402
-
-
-def train_hyp():
-    """train.py's HYP table, read without running train.py (it is a script, not a module)."""
-    tree = ast.parse((REPO / "train.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "HYP" for t in node.targets):
-            return {k.arg: ast.literal_eval(k.value) for k in node.value.keywords}
-    raise SystemExit("error: no HYP table found in train.py")
 
 
 def machine():
@@ -168,7 +161,7 @@ def profile_samples(records, size, hyp, n, cache_ram, batch):
 
 def per_worker(args, records, images_dir):
     """--per-worker: images/s of the loader at each worker count (best of --repeats), ours and the peer's."""
-    hyp = train_hyp()
+    hyp = dict(HYP)
     print(machine())
     print(
         f"{len(records)} train images ({images_dir}) | batch {args.batch}, mosaic {hyp['mosaic']},"
@@ -282,9 +275,16 @@ def main():
     parser.add_argument("--shapes-n", type=int, default=800, help="--shapes-dir: train images")
     parser.add_argument("--shapes-size", type=int, default=640, help="--shapes-dir: image height in px")
     parser.add_argument("--cache-ram", action="store_true", help="--per-worker: decoded images in RAM (both repos)")
-    parser.add_argument("--peer-python", help="--per-worker: also time Ultralytics' loader with this interpreter")
+    parser.add_argument(
+        "--peer-python",
+        nargs="?",
+        const="",
+        help="--per-worker: also time Ultralytics' loader with this interpreter (the flag alone: $PEER_PYTHON)",
+    )
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="--per-worker: cProfile N of our samples")
     args = parser.parse_args()
+    if args.peer_python is not None:  # given, even empty ("$PEER_PYTHON" unset): a path that exists, or a sentence
+        args.peer_python = find_peer_python(args.peer_python)
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the verification totals
     fix_cv2_and_file_limits()
@@ -306,7 +306,7 @@ def main():
         if args.peer_python and len(sources) != 1:
             raise SystemExit("error: --peer-python needs a train split that is one folder of images")
         return per_worker(args, records, sources[0])
-    hyp = train_hyp()
+    hyp = dict(HYP)
 
     print(machine())
     print(

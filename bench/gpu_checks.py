@@ -10,8 +10,9 @@
               (near 100%: the step is the limit; well below: the loader is)
 - export:     export.py --onnx --half on the fp16 run's best.pt (checked against PyTorch by export.py itself)
 
-Ultralytics' side of the throughput comparison runs in its own venv (../shared/PEERS.md), e.g.
-`yolo train model=yolov8n.yaml data=<shapes yaml> imgsz=640 batch=64 amp=True epochs=1 device=0`.
+Ultralytics' side of the throughput comparison runs in its own venv (bench/peer_env.sh DIR makes it), e.g.
+`YOLO_CONFIG_DIR=DIR/yolo-config DIR/bin/yolo train model=yolov8n.yaml data=<shapes yaml> imgsz=640 batch=64
+amp=True epochs=1 device=0`.
 """
 
 import argparse

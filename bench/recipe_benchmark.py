@@ -20,7 +20,8 @@ NMS-free one-to-one head (the row under the run's name; our default, Ultralytics
   shapes  make_shapes(seed 7, 300 train / 100 val, 320 px): 1-12 objects of 6 outline classes, 6-107 px
   crowd   make_shapes(style crowd, seed 11, 300 / 100, 320 px): 15-60 rings, crescents, arrows, bars and tees,
           6-24 px across
-Ultralytics runs in its own venv (--peer-python; its setup is in bench/ultralytics_shapes.py).
+Ultralytics runs in its own venv: `bench/peer_env.sh DIR` makes it; pass --peer-python DIR/bin/python or set
+PEER_PYTHON.
 
 Results: OUT/<dataset>/<run>/e<epochs>/s<seed>/result.json, and the table (mean +/- sample std over seeds) in
 OUT/table.md. A cell whose result.json exists is skipped, so the command can be stopped and started again.
@@ -37,6 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as `python bench/recipe_benchmark.py`: find utils/ and score_detections
 
+from bench.peer import find_peer_python  # noqa: E402
 from bench.score_detections import score  # noqa: E402
 from utils.shapes import STYLES, make_shapes  # noqa: E402
 
@@ -115,7 +117,8 @@ def scores(run, cell, data_yaml, peer_python):
         return found
     summary = json.loads((cell / "peer" / "summary.json").read_text())
     if yolo26 and "predictions_end2end" not in summary:  # a cell trained before both modes were saved
-        command = [peer_python, "bench/ultralytics_shapes.py", "--validate", summary["best"], "--data", str(data_yaml)]
+        command = [find_peer_python(peer_python), "bench/ultralytics_shapes.py", "--validate", summary["best"]]
+        command += ["--data", str(data_yaml)]
         run_logged([*command, "--imgsz", "320", "--batch", "16", "--out", str(cell / "peer_val")], cell / "log_val.txt")
         summary = json.loads((cell / "peer_val" / "summary.json").read_text())
     default = dict(zip(("mAP50-95", "mAP50"), score(data_yaml, summary["predictions"], category_offset=1)))
@@ -190,7 +193,7 @@ def main():
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--epochs", nargs="+", type=int, default=[10, 20, 40])
     parser.add_argument("--out", default=str(REPO / "runs" / "recipe"))
-    parser.add_argument("--peer-python", default="/work/peer-venv/bin/python", help="a python with ultralytics")
+    parser.add_argument("--peer-python", help="the python of bench/peer_env.sh DIR (default: $PEER_PYTHON)")
     parser.add_argument("--table", action="store_true", help="only print the table of the cells run so far")
     parser.add_argument(
         "--rescore", action="store_true", help="only score the YOLO26 cells run before both of its modes were scored"
@@ -207,6 +210,8 @@ def main():
                 path.write_text(json.dumps(result, indent=2) + "\n")
                 print(f"{path.parent}: NMS-free {result['mAP50-95']:.4f}, +NMS {result['nms']['mAP50-95']:.4f}")
     elif not args.table:
+        if any(RUNS[run][0] != "ours" for run in args.runs):  # now, not after the first cells of ours
+            args.peer_python = find_peer_python(args.peer_python)
         data = {name: make_dataset(name, out / "data") for name in args.datasets}
         # seeds outermost: a run stopped early still has every cell at the first seed
         for seed in args.seeds:

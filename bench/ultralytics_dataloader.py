@@ -1,11 +1,11 @@
 """Images/s of Ultralytics' training data loader, per loader worker, for a side-by-side with ours
-(`python bench/bench_dataloader.py --per-worker 1 2 --peer-python /work/peer-venv/bin/python` runs this script
+(`python bench/bench_dataloader.py --per-worker 1 2 --peer-python "$PEER_PYTHON"` runs this script
 itself, on the same images, and prints both in one table).
 
-Runs in the peer virtual environment, never the project's (ultralytics is not a dependency of this repo); its
-setup (venv, YOLO_CONFIG_DIR with Arial.ttf) is in bench/ultralytics_shapes.py's docstring. Usage:
+Runs in the peer virtual environment, never the project's (ultralytics is not a dependency of this repo), which
+`bench/peer_env.sh DIR` makes (then `export PEER_PYTHON=DIR/bin/python`). Usage:
 
-    /work/peer-venv/bin/python bench/ultralytics_dataloader.py --images runs/bench_dataloader/shapes640/images/train \
+    $PEER_PYTHON bench/ultralytics_dataloader.py --images runs/bench_dataloader/shapes640/images/train \
         --imgsz 640 --batch 16 --workers 1 2 --batches 30 --repeats 3
 
 The loader is the one its trainer builds for mode='train' (DetectionTrainer.get_dataloader does exactly this):
@@ -30,10 +30,12 @@ import os
 import sys
 import time
 
+from peer import use_peer_config  # bench/, the script's own folder, is on sys.path
+
 # Ultralytics reads these at import time, so they must be set before the import below.
 os.environ["YOLO_OFFLINE"] = "1"  # no telemetry, no version checks, downloads fail fast instead of hanging
 os.environ["YOLO_AUTOINSTALL"] = "0"  # never pip-install missing requirements at run time
-os.environ.setdefault("YOLO_CONFIG_DIR", "/work/peer-config")  # settings.json and Ultralytics/Arial.ttf live here
+use_peer_config()  # YOLO_CONFIG_DIR: settings.json and Ultralytics/Arial.ttf live there
 
 import torch  # noqa: E402
 import ultralytics  # noqa: E402

@@ -1,11 +1,11 @@
 """Proof that an Ultralytics checkpoint read by this repo (utils/ultralytics_checkpoint.py) is the same network:
 the same raw outputs, the same detect.py boxes and the same val.py mAP as Ultralytics itself gives.
 
-Run with the peer environment's Python (ultralytics installed there, never in this repo's; setup in
-bench/ultralytics_shapes.py), from the repository root; this repo's side runs in its own environment
-(--repo-python), as a user would run it:
+Run with the peer environment's Python (ultralytics installed there, never in this repo's; `bench/peer_env.sh DIR`
+makes it, then `export PEER_PYTHON=DIR/bin/python`), from the repository root; this repo's side runs in its own
+environment (--repo-python), as a user would run it:
 
-    /work/peer-venv/bin/python bench/ultralytics_equality.py \\
+    $PEER_PYTHON bench/ultralytics_equality.py \\
         --weights runs/peer/yolov8n/train/weights/best.pt runs/peer/yolo11n/train/weights/best.pt \\
         --data data/shapes.yaml --imgsz 256 --out runs/equality
 
@@ -83,12 +83,13 @@ def main():
         return ours_raw(*args.ours_raw)
 
     os.environ.setdefault("YOLO_OFFLINE", "1")
-    os.environ.setdefault("YOLO_CONFIG_DIR", "/work/peer-config")
+    sys.path.insert(0, str(REPO / "bench"))
+    from peer import use_peer_config
+
+    use_peer_config()  # before ultralytics is imported: it reads YOLO_CONFIG_DIR then
     import torch
     from ultralytics import YOLO
     from ultralytics.utils.ops import xywh2xyxy
-
-    sys.path.insert(0, str(REPO / "bench"))
     from ultralytics_shapes import write_dataset_yaml
 
     torch.set_num_threads(2)

@@ -1,14 +1,15 @@
 """Ultralytics' own OpenVINO exports (fp32 and int8=True) of a YOLOv8n with our shapes set's 6 classes, for
-bench/openvino_latency.py. Runs in the peer environment (bench/ultralytics_shapes.py's docstring), never in ours:
+bench/openvino_latency.py. Runs in the peer environment (`bench/peer_env.sh DIR`, then
+`export PEER_PYTHON=DIR/bin/python`), never in ours:
 
-    /work/peer-venv/bin/python bench/ultralytics_openvino.py --data shapes_abs.yaml --out runs/peer/openvino
+    $PEER_PYTHON bench/ultralytics_openvino.py --data shapes_abs.yaml --out runs/peer/openvino
 
 --data: a dataset yaml with an absolute `path:` (Ultralytics resolves relative ones under its own datasets folder);
 INT8 is calibrated on its images. --weights: an Ultralytics .pt to export instead of an untrained yolov8n; with a
 trained one, --val scores the .pt and both exports with Ultralytics' own validator on the dataset's val split at
 --imgsz (mAP50-95, mAP50), for the INT8 drop beside ours:
 
-    /work/peer-venv/bin/python bench/ultralytics_openvino.py --data shapes_abs.yaml --out runs/peer/openvino-trained \
+    $PEER_PYTHON bench/ultralytics_openvino.py --data shapes_abs.yaml --out runs/peer/openvino-trained \
         --weights runs/recipe/shapes/peer/e10/s0/peer/train/weights/last.pt --val
 
 Writes OUT/yolov8n_openvino_model/ and OUT/yolov8n_int8_openvino_model/ (or after the .pt's name).
@@ -19,9 +20,11 @@ import os
 import sys
 from pathlib import Path
 
+from peer import use_peer_config  # bench/, the script's own folder, is on sys.path
+
 os.environ["YOLO_OFFLINE"] = "1"  # read at import time: no telemetry, downloads fail fast
 os.environ["YOLO_AUTOINSTALL"] = "0"
-os.environ.setdefault("YOLO_CONFIG_DIR", "/work/peer-config")
+use_peer_config()  # YOLO_CONFIG_DIR: settings.json and Ultralytics/Arial.ttf live there
 
 from ultralytics import YOLO  # noqa: E402
 

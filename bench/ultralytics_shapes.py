@@ -1,33 +1,23 @@
 """Train Ultralytics YOLOv8n on our shapes set, offline, for a side-by-side comparison with train.py.
 
-Runs in a virtual environment of its own, never the project's (ultralytics is not a dependency of this repo).
-One-time setup of that environment:
-
-    python3 -m venv /work/peer-venv
-    /work/peer-venv/bin/pip install -q torch==2.14.1 torchvision==0.29.1 \
-       ultralytics onnx onnxruntime onnxslim pycocotools
-    mkdir -p /work/peer-config/Ultralytics
-    cp /work/peer-venv/lib/python3.11/site-packages/matplotlib/mpl-data/fonts/ttf/DejaVuSans.ttf \
-       /work/peer-config/Ultralytics/Arial.ttf
-    YOLO_CONFIG_DIR=/work/peer-config YOLO_OFFLINE=1 /work/peer-venv/bin/yolo settings sync=False \
-       clearml=False comet=False dvc=False mlflow=False raytune=False tensorboard=False wandb=False
+Runs in a virtual environment of its own, never the project's (ultralytics is not a dependency of this repo). Make it
+once with `bench/peer_env.sh DIR` (pinned versions, offline settings, its config dir DIR/yolo-config, which the script
+finds from the python it runs in; YOLO_CONFIG_DIR overrides), then `export PEER_PYTHON=DIR/bin/python`.
 
 Usage (from the repository root):
 
     # full run: train YOLOv8n from scratch with Ultralytics' defaults, validate best.pt, write OUT/summary.json
-    /work/peer-venv/bin/python bench/ultralytics_shapes.py --data data/shapes.yaml --epochs 100 --imgsz 320 \
-       --batch 16 --out runs/peer/v8n
+    $PEER_PYTHON bench/ultralytics_shapes.py --data data/shapes.yaml --epochs 100 --imgsz 320 --batch 16 \
+       --out runs/peer/v8n
     # throughput only: images/s over N iterations after 2 warm-up iterations (like train.py --benchmark N)
-    /work/peer-venv/bin/python bench/ultralytics_shapes.py --imgsz 320 --batch 16 --benchmark-iters 20 \
-       --out runs/peer/bench
+    $PEER_PYTHON bench/ultralytics_shapes.py --imgsz 320 --batch 16 --benchmark-iters 20 --out runs/peer/bench
     # ONNX for latency: of the trained best.pt, or of an untrained model with --epochs 0
-    /work/peer-venv/bin/python bench/ultralytics_shapes.py --epochs 0 --imgsz 640 --export-onnx --out runs/peer/onnx
+    $PEER_PYTHON bench/ultralytics_shapes.py --epochs 0 --imgsz 640 --export-onnx --out runs/peer/onnx
     # predictions of a trained .pt only (for YOLO26 in both of its modes, see save_predictions)
-    /work/peer-venv/bin/python bench/ultralytics_shapes.py --validate runs/peer/v8n/train/weights/best.pt \
+    $PEER_PYTHON bench/ultralytics_shapes.py --validate runs/peer/v8n/train/weights/best.pt \
        --data data/shapes.yaml --imgsz 320 --out runs/peer/v8n
     # smoke test: first 32 train and 32 val images
-    /work/peer-venv/bin/python bench/ultralytics_shapes.py --epochs 1 --imgsz 64 --batch 8 --subset 32 \
-       --out /tmp/peer-smoke
+    $PEER_PYTHON bench/ultralytics_shapes.py --epochs 1 --imgsz 64 --batch 8 --subset 32 --out runs/peer/smoke
 
 Everything not set here (optimizer 'auto', lr, warmup, augmentation, close_mosaic, deterministic, ...) is left at
 Ultralytics' defaults on purpose: the point is to compare its defaults with ours. Only what the comparison needs is
@@ -48,10 +38,12 @@ import sys
 import time
 from pathlib import Path
 
+from peer import use_peer_config  # bench/, the script's own folder, is on sys.path
+
 # Ultralytics reads these at import time, so they must be set before the import below.
 os.environ["YOLO_OFFLINE"] = "1"  # no telemetry, no version checks, downloads fail fast instead of hanging
 os.environ["YOLO_AUTOINSTALL"] = "0"  # never pip-install missing requirements at run time
-os.environ.setdefault("YOLO_CONFIG_DIR", "/work/peer-config")  # settings.json and Ultralytics/Arial.ttf live here
+use_peer_config()  # YOLO_CONFIG_DIR: settings.json and Ultralytics/Arial.ttf live there
 
 import torch  # noqa: E402
 import ultralytics  # noqa: E402
@@ -243,7 +235,7 @@ def train_kwargs(args, data_yaml, out, epochs):
         imgsz=args.imgsz,
         batch=args.batch,
         pretrained=False,  # from scratch, like our default; there are no weights to download anyway
-        amp=False,  # fp32, as PEERS.md says (on CUDA, AMP would also run a check that downloads yolo26n.pt)
+        amp=False,  # fp32, like train.py on the CPU (on CUDA, AMP would also run a check that downloads yolo26n.pt)
         plots=False,
         device="cpu",
         workers=args.workers,
@@ -321,7 +313,7 @@ def main():
     torch.set_num_threads(args.threads)
     font = USER_CONFIG_DIR / "Arial.ttf"
     if not font.exists():  # dataset checks would try to download it and fail offline
-        sys.exit(f"error: {font} missing; copy matplotlib's DejaVuSans.ttf there (see the docstring)")
+        sys.exit(f"error: {font} missing; copy matplotlib's DejaVuSans.ttf there (bench/peer_env.sh does)")
 
     modes = [("benchmark", args.benchmark_iters), ("validate", args.validate), ("train", args.epochs > 0)]
     mode = next((name for name, given in modes if given), "export")
