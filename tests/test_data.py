@@ -41,6 +41,7 @@ from utils.boxes import scale_boxes_to_original
 from utils.coco import coco_to_yolo
 from utils.dataset_yaml import DatasetError, load_dataset_yaml
 from utils.distributed import NodeShare
+from utils.hyperparameters import HYP
 from utils.images import cache_images, read_image, resized_shapes
 from utils.records import Records
 from utils.settings import apply_dataset_defaults
@@ -48,21 +49,7 @@ from utils.shapes import NAMES, STYLES, draw_image, make_shapes
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The augmentation table train.py uses by default, and one with every augmentation off.
-HYP = dict(
-    hsv_h=0.015,
-    hsv_s=0.7,
-    hsv_v=0.4,
-    degrees=0.0,
-    translate=0.1,
-    scale=0.5,
-    shear=0.0,
-    flipud=0.0,
-    fliplr=0.5,
-    mosaic=1.0,
-    mosaic_min_area=0.1,
-    mixup=0.0,
-)
+# The augmentation table train.py uses by default (the one table, not a copy), and one with every augmentation off.
 NO_AUG = dict(HYP, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0, translate=0.0, scale=0.0, fliplr=0.0, mosaic=0.0)
 
 # Pure colours (RGB) of the test rectangles: colour k is class k.

@@ -189,6 +189,24 @@ def amp_dtype_for(device, choice="auto"):
     return torch.bfloat16 if native_bf16 else torch.float16
 
 
+# bench/cpu_bf16.py: a training step of n at 320 px took 10x as long in bf16 as in fp32 with AVX2 kernels only,
+# and half as long with AVX512_BF16 (2-core AMD EPYC, bench/RESULTS.md)
+BF16_EMULATED = (
+    "--amp on this CPU: it has no native bf16 (AVX512_BF16 or AMX), so bf16 is emulated and about 10x slower than fp32 "
+    "(bench/cpu_bf16.py); training goes on, leave out --amp to train faster"
+)
+
+
+def cpu_has_native_bf16():
+    """Whether this CPU computes in bf16 itself (AVX512_BF16 or AMX on x86, the BF16 extension on Arm). Without
+    it, torch and oneDNN emulate bf16 with conversions around fp32 arithmetic: slower than plain fp32."""
+    try:
+        capabilities = torch.cpu.get_capabilities()
+    except (AttributeError, RuntimeError):  # older torch, or a platform it does not describe: assume emulated
+        return False
+    return any(capabilities.get(k) for k in ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16"))
+
+
 def wrap_ddp(model, device):
     """DistributedDataParallel on the process's own device. device_ids is the CUDA ordinal, not the local rank:
     under `--device 2,3` local rank 0 trains on cuda:2, and DDP told cuda:0 mixes the two in the first forward.

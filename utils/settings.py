@@ -1,10 +1,13 @@
 """The command line's settings as a run resolves them, before anything is built: which flags were given, a
-dataset yaml's defaults, a resumed run's arguments and batch, the data-loader worker count. torch is not imported
-here (the data modules use this without it)."""
+dataset yaml's defaults, a resumed run's arguments and batch, the data-loader worker count, and where each value
+that is not the parser's default came from (`sources`: printed at start and written beside it in args.yaml).
+torch is not imported here (the data modules use this without it)."""
 
 import argparse
 import os
 from pathlib import Path
+
+import yaml
 
 from utils.dataset_yaml import DatasetError
 
@@ -19,9 +22,10 @@ def explicit_flags(parser, argv):
     return given
 
 
-def apply_dataset_defaults(args, parser, data, given_flags):
+def apply_dataset_defaults(args, parser, data, given_flags, sources=None):
     """Set the settings a dataset yaml recommends under `defaults:` (shapes.yaml does) on `args`, except
-    those given as flags: a flag written on the command line wins. Values take the type of the flag."""
+    those given as flags: a flag written on the command line wins. Values take the type of the flag.
+    `sources` (a dict), where given, records each key set here as coming from the yaml."""
     for key, value in data["defaults"].items():
         if not hasattr(args, key):
             raise DatasetError(f"{data['yaml']}: key 'defaults' names '{key}', which is not a train.py setting")
@@ -34,6 +38,37 @@ def apply_dataset_defaults(args, parser, data, given_flags):
             raise DatasetError(
                 f"{data['yaml']}: key 'defaults' sets '{key}' to {value!r}, which is not a {type(default).__name__}"
             ) from None
+        if sources is not None:
+            sources[key] = f"{data['yaml']} defaults"
+
+
+def changed_settings(parser, args, sources):
+    """{key: (value, source)} for every setting that is not the parser's default, or whose source was recorded:
+    what a reader of the log or of args.yaml needs to know won over `python train.py --help`'s defaults."""
+    changed = {}
+    for key, value in vars(args).items():
+        if key in sources or value != parser.get_default(key):
+            changed[key] = (value, sources.get(key, "command line"))
+    return changed
+
+
+def settings_line(parser, args, sources):
+    """One log line: `imgsz 256 <- data/shapes.yaml defaults | lr0 0.002 <- optimizer auto: adamw's | ...`."""
+    changed = changed_settings(parser, args, sources)
+    return "settings (not --help's defaults): " + " | ".join(f"{k} {v} <- {s}" for k, (v, s) in changed.items())
+
+
+def args_yaml(parser, args, sources):
+    """args.yaml: every setting as the run resolved it (yaml.safe_load reads it back), each one that is not the
+    parser's default followed by a comment naming its source."""
+    changed = changed_settings(parser, args, sources)
+    lines = []
+    for key, value in vars(args).items():
+        line = yaml.safe_dump({key: value}, default_flow_style=False, width=1_000_000).rstrip("\n")
+        if key in changed and "\n" not in line:
+            line += f"  # <- {changed[key][1]}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def default_workers(local_world_size=1, most=None):
@@ -43,14 +78,15 @@ def default_workers(local_world_size=1, most=None):
     return min(workers, most) if most else workers
 
 
-def resume_arguments(parser, args, given_flags):
+def resume_arguments(parser, args, given_flags, sources=None):
     """--resume: (the arguments to continue with, the last.pt). A resumed run keeps the arguments it started with;
     only where and how it runs may change (another machine: its devices, its cores, and where given, the AMP its
     GPU supports and the batch its GPUs fit), and --epochs, to extend a run: the schedule is a pure function of
     (epoch, epochs), so the run goes on exactly as one started with the larger --epochs would from the same state
     (the learning rate is recomputed over the new total from where the run is: it rises again from lrf and decays
     to lrf at the new end; --close-mosaic's last epochs move to the new end). Without --resume: (args, None).
-    CheckpointError (a ValueError) for a missing or unusable file, ValueError for fewer --epochs than trained."""
+    CheckpointError (a ValueError) for a missing or unusable file, ValueError for fewer --epochs than trained.
+    `sources`, where given, records the values the resumed run brings back, and an --epochs that extends it."""
     if not args.resume:
         return args, None
     from utils.checkpoint import load_resume_checkpoint  # torch: only when resuming
@@ -69,6 +105,12 @@ def resume_arguments(parser, args, given_flags):
     where = {k: getattr(args, k) for k in changeable}
     resumed = argparse.Namespace(**{**vars(parser.parse_args([])), **ckpt["args"], **where, "resume": path})
     resumed.out = str(Path(path).parents[1])
+    if sources is not None:
+        for key, value in ckpt["args"].items():
+            if key not in where and value != parser.get_default(key):
+                sources[key] = f"resumed run {path}"
+        if "epochs" in given_flags and args.epochs != ckpt["args"]["epochs"]:
+            sources["epochs"] = f"command line, resumed run had {ckpt['args']['epochs']}"
     return resumed, ckpt
 
 
