@@ -1,4 +1,5 @@
-"""Detection loss: IoU-aware BCE on class scores, CIoU on boxes, and distribution focal loss (DFL).
+"""Detection loss: IoU-aware BCE on class scores, CIoU on boxes, and distribution focal loss (DFL), or an L1 loss
+on the side distances for a model without DFL bins (reg_max 1, YOLO26). DetectionLoss.names names the parts.
 
 Normalisation: every term is summed over anchors and divided by the sum of the soft class
 targets of the batch, so it does not grow with the number of boxes; the total is then multiplied
@@ -102,15 +103,20 @@ def one_to_many_weight(epoch, epochs, final=0.1):
     return final + (0.8 - final) * max(1 - epoch / max(epochs - 1, 1), 0)
 
 
+def take(t, index):
+    """(b, A, c) -> (b, k, c): the anchors `index` (b, k) of each image."""
+    return t.gather(1, index.unsqueeze(-1).expand(-1, -1, t.shape[-1]))
+
+
 class DetectionLoss:
     """Call with the model's training output and the batch's targets; returns (total, parts).
 
-    total: a scalar to backpropagate; parts: detached tensor of (box, cls, dfl), per image. Both fp32.
+    total: a scalar to backpropagate; parts: detached tensor of the terms named by `names`, per image. Both fp32.
     Without DFL (reg_max 1, YOLO26) the third term is an L1 loss on the 4 side distances, in fractions of the image
-    size. With a one-to-one branch (YOLO26: the maps come as {"one2many", "one2one"}) the total is the two branches'
-    losses weighted by one_to_many_weight(self.epoch, self.epochs, o2m_final) (train.py sets the epoch), and parts
-    are the one-to-one branch's (what inference uses; Ultralytics logs the same). The one-to-one assignment picks topk 7
-    candidates and keeps the best one per object.
+    size, and is named `l1`. With a one-to-one branch (YOLO26: the maps come as {"one2many", "one2one"}) the total is
+    the two branches' losses weighted by one_to_many_weight(self.epoch, self.epochs, o2m_final) (train.py sets the
+    epoch), and parts are the one-to-one branch's (what inference uses; Ultralytics logs the same). The one-to-one
+    assignment picks topk 7 candidates and keeps the best one per object.
     `assignments_on_cpu` counts the label assignments that ran out of GPU memory and were redone on
     the CPU, a running total (train.py reports how many each epoch added).
     """
@@ -128,6 +134,11 @@ class DetectionLoss:
         o2m_final=0.1,
     ):
         self.nc, self.reg_max, self.strides = head.nc, head.reg_max, head.strides
+        # The loss parts, in the order of `parts` (fp32_loss's `terms`), named here and nowhere else: results.csv's
+        # columns (`columns`, `val_columns`), the validation losses, the progress bar and the log all read these. A
+        # new term: its name here, its gain below, its code in fp32_loss. The third term is DFL's only with DFL bins:
+        # without them (reg_max 1) it is an L1 loss, and a `dfl_loss` column would send a reader after the wrong one.
+        self.names = ("box", "cls", "dfl" if self.reg_max > 1 else "l1")
         self.gains = (box_gain, cls_gain, dfl_gain)
         # --cls-weights: one factor per class channel of the BCE, on its positives and its negatives alike. Weighting
         # the whole channel leaves the score each anchor is pulled towards unchanged (the minimum of w * BCE is where
@@ -139,6 +150,16 @@ class DetectionLoss:
         # ProgLoss's position and end (end-to-end heads only; train.py sets the epoch)
         self.epoch, self.epochs, self.o2m_final = 0, epochs, o2m_final
         self.assignments_on_cpu = 0
+
+    @property
+    def columns(self):
+        """results.csv's columns of the training loss: box_loss, cls_loss, dfl_loss (l1_loss without DFL)."""
+        return tuple(f"{name}_loss" for name in self.names)
+
+    @property
+    def val_columns(self):
+        """results.csv's columns of the validation loss: val_box_loss, val_cls_loss, val_dfl_loss (val_l1_loss)."""
+        return tuple(f"val_{name}_loss" for name in self.names)
 
     def __call__(self, maps, targets):
         device = (maps["one2many"] if isinstance(maps, dict) else maps)[0].device
@@ -171,8 +192,31 @@ class DetectionLoss:
         pred_distances = dfl_decode(pred_distri, bins) if self.reg_max > 1 else pred_distri
         pred_boxes = distances_to_boxes(pred_distances, anchors)  # grid units
 
+        target_boxes, target_scores, fg = self.assign(pred_logits, pred_boxes, anchors, strides, padded, topk, keep)
+        score_sum = target_scores.sum().clamp(min=1)
+        loss_cls = self.class_term(pred_logits, target_scores) / score_sum
+
+        # The box and distance terms, on each image's foreground anchors only
+        index, weight, fg = self.foreground(fg, target_scores, padded[0].shape[1] * topk)
+        target_grid = take(target_boxes / strides, index)  # to grid units, like the predictions
+        loss_box = (self.box_term(take(pred_boxes, index), target_grid, fg) * weight).sum() / score_sum
+        if self.reg_max > 1:
+            distance = self.dfl_term(take(pred_distri, index), target_grid, anchors[index])
+        else:
+            grid = maps[0].shape[-2:]
+            distance = self.l1_term(take(pred_distri, index), target_grid, anchors[index], strides[index], grid)
+        loss_distance = (distance * weight).sum() / score_sum
+
+        terms = (loss_box, loss_cls, loss_distance)  # in the order of self.names
+        parts = torch.stack([term * gain for term, gain in zip(terms, self.gains)])
+        return parts.sum() * b, parts.detach()
+
+    def assign(self, pred_logits, pred_boxes, anchors, strides, padded, topk, keep):
+        """utils/assigner.py's label assignment of one branch: (target boxes in pixels, target scores, foreground
+        mask), each anchor's. Redone on the CPU when it runs out of GPU memory (pitfall D5: an image with very many
+        boxes; its memory grows as boxes x anchors), which `assignments_on_cpu` counts and the log says."""
         gt, gt_mask = padded
-        assignment_inputs = (
+        inputs = (
             pred_logits.detach().sigmoid(),
             pred_boxes.detach() * strides,
             anchors * strides,
@@ -182,57 +226,64 @@ class DetectionLoss:
         )
         settings = dict(topk=topk, tiny_box=self.tiny_box, keep=keep)
         try:
-            assigned = assign_targets(*assignment_inputs, **settings)
+            assigned = assign_targets(*inputs, **settings)
         except torch.OutOfMemoryError:
-            assigned = None  # pitfall D5: an image with very many boxes (memory grows as boxes x anchors)
+            assigned = None
         if assigned is None:  # out of the except block, the failed attempt's tensors are released
-            if flat.device.type == "cuda":
+            if pred_logits.device.type == "cuda":
                 torch.cuda.empty_cache()
             self.assignments_on_cpu += 1
             log.warning(
                 f"out of memory in the label assignment ({int(gt_mask.sum())} boxes in the batch): redone on the CPU"
             )
-            assigned = assign_targets(*assignment_inputs, **settings, device="cpu")
+            assigned = assign_targets(*inputs, **settings, device="cpu")
         target_boxes, target_scores, fg, _ = assigned
-        score_sum = target_scores.sum().clamp(min=1)
+        return target_boxes, target_scores, fg
 
-        if self.class_weights is not None and self.class_weights.device != flat.device:
-            self.class_weights = self.class_weights.to(flat.device)  # once: a copy per step would be a host sync
-        bce = F.binary_cross_entropy_with_logits(pred_logits, target_scores, self.class_weights, reduction="none")
-        loss_cls = bce.sum() / score_sum
-        # Box and DFL terms on the foreground anchors, gathered without asking how many there are (fg.any() or
-        # pred_boxes[fg] would make the host wait for the GPU): an image has at most n * topk of them (each box
-        # claims at most topk anchors, each anchor learns one box), so its first n * topk anchors in fg order
-        # hold them all; the background ones among them weigh 0.
-        k = min(fg.shape[1], gt.shape[1] * topk)
+    @staticmethod
+    def foreground(fg, target_scores, most):
+        """(index, weight, fg) of the anchors the box terms see: index (b, k) picks each image's foreground anchors,
+        weight (b, k) is their summed target score and fg (b, k, 1) tells them from the background ones among them
+        (weight 0). Gathered without asking how many there are (fg.any() or pred_boxes[fg] would make the host wait
+        for the GPU): an image has at most `most` = n boxes * topk of them (each box claims at most topk anchors,
+        each anchor learns one box), so its first `most` anchors in fg order hold them all."""
+        k = min(fg.shape[1], most)
         index = fg.float().topk(k, 1).indices  # b, k
-
-        def take(t):  # (b, A, c) -> (b, k, c)
-            return t.gather(1, index.unsqueeze(-1).expand(-1, -1, t.shape[-1]))
-
         weight = (target_scores.sum(-1) * fg).gather(1, index)
-        fg = fg.gather(1, index).unsqueeze(-1)
-        target_grid = take(target_boxes / strides)  # to grid units, like the predictions
+        return index, weight, fg.gather(1, index).unsqueeze(-1)
+
+    def class_term(self, pred_logits, target_scores):
+        """The class loss of every anchor, summed: BCE against the assignment's soft (IoU-aware) scores."""
+        if self.class_weights is not None and self.class_weights.device != pred_logits.device:
+            self.class_weights = self.class_weights.to(pred_logits.device)  # once: a copy per step would be a sync
+        bce = F.binary_cross_entropy_with_logits(pred_logits, target_scores, self.class_weights, reduction="none")
+        return bce.sum()
+
+    @staticmethod
+    def box_term(pred_boxes, target_boxes, fg):
+        """1 - CIoU of each gathered anchor's box (b, k), grid units."""
         # A background anchor's target is whatever box index 0 holds, maybe an all-zero padding box whose CIoU
         # is 0/0: unit boxes there keep the forward finite, and hence the (zero) gradient free of NaN.
-        unit = flat.new_zeros(4)
+        unit = pred_boxes.new_zeros(4)
         unit[2:] = 1  # not new_tensor([0, 0, 1, 1]): a blocking copy from the host, a sync too
-        iou_loss = complete_iou_loss(torch.where(fg, take(pred_boxes), unit), torch.where(fg, target_grid, unit))
-        loss_box = (iou_loss * weight).sum() / score_sum
-        if self.reg_max > 1:
-            target_distances = boxes_to_distances(target_grid, anchors[index], self.reg_max - 1)  # finite, clamped
-            dfl = self.distribution_focal_loss(take(pred_distri).view(-1, self.reg_max), target_distances.view(-1))
-            loss_dfl = (dfl.view(b, -1, 4).mean(-1) * weight).sum() / score_sum
-        else:  # no DFL: L1 on the distances in fractions of the image's width (left, right) and height (top, bottom)
-            h, w = (s * self.strides[0] for s in maps[0].shape[-2:])
-            sides = flat.new_full((4,), float(w))  # filled on the device: new_tensor([w, h, w, h]) would be a sync
-            sides[1::2] = h
-            scale = strides[index] / sides  # grid units -> pixels -> fractions of the image
-            target_distances = boxes_to_distances(target_grid, anchors[index])
-            l1 = (take(pred_distri) - target_distances).abs() * scale
-            loss_dfl = (l1.mean(-1) * weight).sum() / score_sum
-        parts = torch.stack((loss_box * self.gains[0], loss_cls * self.gains[1], loss_dfl * self.gains[2]))
-        return parts.sum() * b, parts.detach()
+        return complete_iou_loss(torch.where(fg, pred_boxes, unit), torch.where(fg, target_boxes, unit))
+
+    def dfl_term(self, pred_distri, target_boxes, anchors):
+        """DFL of each gathered anchor (b, k), the mean of its 4 sides: the bins' logits against the target
+        distances, clamped just below the last bin (so finite)."""
+        target_distances = boxes_to_distances(target_boxes, anchors, self.reg_max - 1)
+        dfl = self.distribution_focal_loss(pred_distri.view(-1, self.reg_max), target_distances.view(-1))
+        return dfl.view(pred_distri.shape[0], -1, 4).mean(-1)
+
+    def l1_term(self, pred_distances, target_boxes, anchors, strides, grid):
+        """Without DFL: L1 of each gathered anchor (b, k), the mean of its 4 side distances, in fractions of the
+        image's width (left, right) and height (top, bottom). grid: the first level's (h, w), in cells."""
+        h, w = (s * self.strides[0] for s in grid)
+        sides = pred_distances.new_full((4,), float(w))  # filled on the device: new_tensor([w, h, w, h]) is a sync
+        sides[1::2] = h
+        scale = strides / sides  # grid units -> pixels -> fractions of the image
+        target_distances = boxes_to_distances(target_boxes, anchors)
+        return ((pred_distances - target_distances).abs() * scale).mean(-1)
 
     @staticmethod
     def distribution_focal_loss(logits, target):

@@ -5,16 +5,22 @@ import csv
 import time
 from pathlib import Path
 
+# Columns renamed since a run may have started: a resumed run keeps its rows' numbers under the new name. YOLO26's
+# L1 distance term was written as dfl_loss before the loss named its parts (utils/loss.py, DetectionLoss.names).
+RENAMED_COLUMNS = {"l1_loss": "dfl_loss", "val_l1_loss": "val_dfl_loss"}
+
 
 def start_results_csv(path, columns, resumed_epoch=None):
     """Write results.csv's header. A resumed run keeps its rows up to `resumed_epoch`, where its last.pt was
-    saved: a killed run may have written rows past that, and those epochs are trained again."""
+    saved: a killed run may have written rows past that, and those epochs are trained again. A column new since
+    then is filled with 0 in the kept rows."""
     path = Path(path)
     rows = []
     if resumed_epoch is not None and path.exists():
         with path.open() as f:
             rows = [r for r in csv.DictReader(f) if int(r["epoch"]) <= resumed_epoch]
-    lines = [",".join(columns)] + [",".join(r.get(c) or "0" for c in columns) for r in rows]
+    kept = [[r.get(c) or r.get(RENAMED_COLUMNS.get(c)) or "0" for c in columns] for r in rows]
+    lines = [",".join(columns)] + [",".join(values) for values in kept]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -68,18 +74,20 @@ class Benchmark:
         )
 
 
-def progress_text(losses, lr, memory_gb, images_per_second):
-    """The progress bar's postfix: the epoch's mean losses so far, the learning rate, GPU memory, speed."""
-    shown = [f"{name} {value:.3f}" for name, value in zip(("box", "cls", "dfl"), losses)]
+def progress_text(names, losses, lr, memory_gb, images_per_second):
+    """The progress bar's postfix: the epoch's mean losses so far (named by `names`, DetectionLoss.names), the
+    learning rate, GPU memory, speed."""
+    shown = [f"{name} {value:.3f}" for name, value in zip(names, losses)]
     return " ".join([*shown, f"lr {lr:.2e}", f"mem {memory_gb:.1f}G", f"{images_per_second:.1f} img/s"])
 
 
-def epoch_line(epoch, epochs, losses, metrics, seconds, faults):
-    """The log line of an epoch, its parts joined with ' | ': losses, P/R/mAP, the validation losses, time, and
+def epoch_line(epoch, epochs, names, losses, metrics, seconds, faults):
+    """The log line of an epoch, its parts joined with ' | ': losses (named by `names`, DetectionLoss.names), P/R/mAP,
+    the validation losses (metrics' val_<name>_loss, shown as `val box 1.234 cls 0.567 dfl 0.890`), time, and
     faults if any."""
-    names = {"precision": "P", "recall": "R", "val_box_loss": "val box", "val_cls_loss": "cls", "val_dfl_loss": "dfl"}
-    parts = [f"epoch {epoch}/{epochs}: " + " ".join(f"{n} {v:.3f}" for n, v in zip(("box", "cls", "dfl"), losses))]
-    scores = [f"{names.get(k, k)} {v:.3f}" for k, v in metrics.items() if not k.startswith("val_")]
-    parts += [" ".join(scores), " ".join(f"{names[k]} {v:.3f}" for k, v in metrics.items() if k.startswith("val_"))]
-    parts += [f"{seconds:.0f} s"]
+    parts = [f"epoch {epoch}/{epochs}: " + " ".join(f"{n} {v:.3f}" for n, v in zip(names, losses))]
+    short = {"precision": "P", "recall": "R"}
+    scores = [f"{short.get(k, k)} {v:.3f}" for k, v in metrics.items() if not k.startswith("val_")]
+    validation = [f"{k[4:].removesuffix('_loss')} {v:.3f}" for k, v in metrics.items() if k.startswith("val_")]
+    parts += [" ".join(scores), "val " * bool(validation) + " ".join(validation), f"{seconds:.0f} s"]
     return " | ".join(parts + [f"{k.replace('_', ' ')} {v}" for k, v in faults.items() if v])
