@@ -136,8 +136,9 @@ class DetectionLoss:
         self.nc, self.reg_max, self.strides = head.nc, head.reg_max, head.strides
         # The loss parts, in the order of `parts` (fp32_loss's `terms`), named here and nowhere else: results.csv's
         # columns (`columns`, `val_columns`), the validation losses, the progress bar and the log all read these. A
-        # new term: its name here, its gain below, its code in fp32_loss. The third term is DFL's only with DFL bins:
-        # without them (reg_max 1) it is an L1 loss, and a `dfl_loss` column would send a reader after the wrong one.
+        # new term: its name here, its gain below (its flag: utils/hyperparameters.py, handed over by train.py), its
+        # code in fp32_loss's `terms`. The third term is DFL's only with DFL bins: without them (reg_max 1) it is an
+        # L1 loss, and a `dfl_loss` column would send a reader after the wrong one.
         self.names = ("box", "cls", "dfl" if self.reg_max > 1 else "l1")
         self.gains = (box_gain, cls_gain, dfl_gain)
         # --cls-weights: one factor per class channel of the BCE, on its positives and its negatives alike. Weighting
