@@ -1,0 +1,178 @@
+"""Every export format in one table, FORMATS: export.py's flags, the file names, which options each format takes,
+what --benchmark writes, the packages each needs (and the pip line when one is missing), how a file is written and
+how load_exported (utils/inference.py) opens it all come from its rows.
+
+Adding a format is one row here, its write function (utils/export_writers.py) and its load function
+(utils/export_loaders.py). Nothing else names a format.
+"""
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+from utils.export_loaders import load_onnx, load_openvino, load_tflite, load_torchscript
+from utils.export_writers import write_onnx, write_openvino, write_tflite, write_torchscript
+
+
+class Package(NamedTuple):
+    pip: str  # what `pip install` takes
+    module: str  # what `import` takes
+
+
+ONNX = Package("onnx", "onnx")
+ONNXRUNTIME = Package("onnxruntime", "onnxruntime")  # its quantization tools make ONNX INT8 too
+OPENVINO = Package("openvino", "openvino")
+NNCF = Package("nncf", "nncf")
+LITERT_TORCH = Package("litert-torch", "litert_torch")  # converts; pulls in JAX, transformers, torchao (~0.9 GB)
+LITERT = Package("ai-edge-litert", "ai_edge_litert")  # the interpreter that runs a .tflite
+
+OPTIONS = ("half", "int8", "nms", "dynamic")  # the export.py flags that a format may refuse
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    name: str  # its flag (--onnx) and its key
+    title: str  # what the format is called
+    runtime: str  # what runs it: the model dict's "backend", the gate's sentence and the benchmark table's rows
+    suffix: str  # of the file, or of the file inside the folder (folder=True)
+    write: Callable  # write(module, x, path, args, metadata, calibration), see utils/export_writers.py
+    load: Callable  # load(path, device) -> the model dict of utils/inference.py without "backend"
+    options: tuple = OPTIONS  # which of OPTIONS it takes
+    benchmark: tuple = ("fp32",)  # the precisions --benchmark writes
+    run_packages: tuple = ()  # what loads and runs a file: val.py, detect.py, export.py's check
+    write_packages: tuple = ()  # what writes one, beyond run_packages
+    int8_packages: tuple = ()  # what --int8 adds
+    folder: bool = False  # written as <stem>_<name>_model/<stem><suffix> beside the files it needs (OpenVINO's .bin)
+    refusal: str = ""  # why it refuses the OPTIONS it does not take: "--tflite <refusal>; leave out --half, ..."
+    fp16_weights_only: bool = False  # --half stores fp16 weights of the fp32 graph, so fp16 raw outputs move
+
+    def packages(self, precision="fp32"):
+        """Everything that writing and checking a file in `precision` needs, in the order of its pip line."""
+        return self.write_packages + self.run_packages + (self.int8_packages if precision == "int8" else ())
+
+
+FORMATS = (
+    ExportFormat(  # the first row is the default when no format is named
+        "onnx",
+        "ONNX",
+        "ONNX Runtime",
+        ".onnx",
+        write_onnx,
+        load_onnx,
+        benchmark=("fp32", "int8"),
+        run_packages=(ONNXRUNTIME,),
+        write_packages=(ONNX,),
+    ),
+    ExportFormat(
+        "torchscript",
+        "TorchScript",
+        "TorchScript",
+        ".torchscript",
+        write_torchscript,
+        load_torchscript,
+        options=("half", "nms", "dynamic"),
+        refusal="exports the float network (fp32, or fp16 with --half)",
+    ),
+    ExportFormat(
+        "openvino",
+        "OpenVINO",
+        "OpenVINO",
+        ".xml",
+        write_openvino,
+        load_openvino,
+        benchmark=("fp32", "fp16", "int8"),
+        run_packages=(OPENVINO,),
+        write_packages=(ONNX,),  # converted from the fp32 ONNX graph
+        int8_packages=(NNCF,),
+        folder=True,
+        fp16_weights_only=True,
+    ),
+    ExportFormat(
+        "tflite",
+        "TFLite",
+        "LiteRT",
+        ".tflite",
+        write_tflite,
+        load_tflite,
+        options=(),
+        run_packages=(LITERT,),
+        write_packages=(LITERT_TORCH,),
+        refusal="exports the fp32 network at a fixed size",
+    ),
+)
+
+
+def by_name(name):
+    return next(row for row in FORMATS if row.name == name)
+
+
+def format_of(path):
+    """The row of an exported file (by its suffix) or folder (the folder format's), else None."""
+    path = Path(path)
+    row = next((row for row in FORMATS if path.suffix == row.suffix), None)
+    if row is None and path.is_dir():
+        row = next((row for row in FORMATS if row.folder), None)
+    return row
+
+
+def installed(module):
+    """Whether `module` can be imported, without importing it (a None in sys.modules blocks it, as in the tests)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ValueError:  # in sys.modules without a spec
+        return False
+
+
+def joined(words, conjunction="and"):
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} {conjunction} {words[-1]}"
+
+
+def missing_sentence(what, packages):
+    """None when every package is installed, else one sentence: `what` needs the missing ones, then the pip line
+    of all `packages` (the whole set for that one format, not the repo's requirements-dev.txt)."""
+    absent = [package.pip for package in packages if not installed(package.module)]
+    if not absent:
+        return None
+    verb = "is" if len(absent) == 1 else "are"
+    line = " ".join(package.pip for package in packages)
+    return f"{what} needs {joined(absent)}, which {verb} not installed: pip install {line}"
+
+
+def a_or_an(word):
+    return f"{'an' if word.lstrip('.')[:1].upper() in 'AEIOU' else 'a'} {word}"
+
+
+def kinds():
+    """What load_exported takes, in words: "an .onnx, .torchscript or .tflite file or an OpenVINO folder"."""
+    files = [row.suffix for row in FORMATS if not row.folder]
+    folders = [row.title for row in FORMATS if row.folder]
+    text = f"an {joined(files, 'or')} file" if files else ""
+    return text + (f" or {a_or_an(joined(folders, 'or'))} folder" if folders else "")
+
+
+def output_path(weights, row, precision, folder=None, tag_fp16=False):
+    """Where an export is written: best.onnx, best_int8.onnx, best.torchscript, best_openvino_model/best.xml,
+    best_int8_openvino_model/best.xml, best.tflite, next to the weights (or in `folder`). tag_fp16: best_fp16... too
+    (--benchmark writes both precisions of a format side by side)."""
+    weights = Path(weights)
+    folder = Path(folder or weights.parent)
+    stem = weights.stem + {"int8": "_int8", "fp16": "_fp16" if tag_fp16 else ""}.get(precision, "")
+    if row.folder:
+        return folder / f"{stem}_{row.name}_model" / f"{weights.stem}{row.suffix}"
+    return folder / f"{stem}{row.suffix}"
+
+
+def label(path):
+    """What an exported file is called in the report: its file name, or its folder for a folder format."""
+    path = Path(path)
+    return f"{path.parent.name}/" if format_of(path).folder else path.name
+
+
+def file_size(path):
+    """Bytes on disk: the file, or for a folder format every file in its folder (OpenVINO: the .xml and its .bin)."""
+    path = Path(path)
+    row = format_of(path)
+    if row is not None and row.folder:
+        return sum(f.stat().st_size for f in path.parent.iterdir() if f.is_file())
+    return path.stat().st_size
