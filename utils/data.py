@@ -270,6 +270,19 @@ def multi_scale_size(imgsz, seed, iteration, stride=32):
     return max(rng.randrange(imgsz // 2, imgsz * 3 // 2 + stride) // stride * stride, stride)
 
 
+def batch_to_device(images, targets, device, size=None):
+    """pitfall D3: a training batch of uint8 RGB -> float 0..1, channels last, on the device. The targets stay on
+    the host: the loss pads them there and copies them over without a sync (a blocking targets.to(device) waits
+    for the GPU). size (--multi-scale, multi_scale_size): the batch resized to size x size, its boxes with it."""
+    # the training batch comes channels_last (HWC samples): .float() keeps the layout, .contiguous() copies nothing
+    images = images.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=torch.channels_last)
+    if size and size != images.shape[-1]:
+        # a new tensor: crash/ keeps the original
+        targets = torch.cat((targets[:, :2], targets[:, 2:] * (size / images.shape[-1])), 1)
+        images = torch.nn.functional.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
+    return images, targets
+
+
 def multi_scale_max(imgsz, stride=32):
     """The largest size multi_scale_size draws for imgsz (what --batch -1 must measure at)."""
     return (imgsz * 3 // 2 + stride - 1) // stride * stride

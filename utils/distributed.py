@@ -2,6 +2,7 @@
 
 import datetime
 import functools
+import logging
 import os
 import shlex
 import subprocess
@@ -179,6 +180,16 @@ def select_device(device_arg):
     return device
 
 
+def amp_settings(device, amp=None, choice="auto"):
+    """(use_amp, amp_dtype) of --amp / --no-amp (default: on for CUDA only) and --amp-dtype. bf16 on a CPU that
+    only emulates it is allowed, with one line saying how much slower it is there."""
+    use_amp = amp if amp is not None else device.type == "cuda"
+    dtype = amp_dtype_for(device, choice)
+    if use_amp and device.type == "cpu" and dtype == torch.bfloat16 and not cpu_has_native_bf16():
+        logging.getLogger("yolo").warning(BF16_EMULATED)
+    return use_amp, dtype
+
+
 def amp_dtype_for(device, choice="auto"):
     """--amp-dtype: bf16 or fp16, or auto: bf16 where the hardware computes in it (CPUs, GPUs of compute
     capability 8.0+; on older GPUs torch.cuda.is_bf16_supported() is true too, but emulated and slow),
@@ -205,6 +216,17 @@ def cpu_has_native_bf16():
     except (AttributeError, RuntimeError):  # older torch, or a platform it does not describe: assume emulated
         return False
     return any(capabilities.get(k) for k in ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16"))
+
+
+def sync_batchnorm(model, device):
+    """--sync-bn under DDP: BatchNorm statistics over every rank's batch. torch's SyncBatchNorm has no CPU kernel:
+    there each process keeps its own statistics, and says so."""
+    if device.type == "cpu":
+        logging.getLogger("yolo").warning(
+            "--sync-bn: torch's SyncBatchNorm has no CPU kernel; each process keeps its own BN statistics"
+        )
+        return model
+    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
 def wrap_ddp(model, device):

@@ -91,3 +91,28 @@ def epoch_line(epoch, epochs, names, losses, metrics, seconds, faults):
     validation = [f"{k[4:].removesuffix('_loss')} {v:.3f}" for k, v in metrics.items() if k.startswith("val_")]
     parts += [" ".join(scores), "val " * bool(validation) + " ".join(validation), f"{seconds:.0f} s"]
     return " | ".join(parts + [f"{k.replace('_', ' ')} {v}" for k, v in faults.items() if v])
+
+
+def run_summary(network, images, args, accumulate, device, world_size, amp, names, class_weights):
+    """The one line a run starts with: the network, the data, the schedule, the optimizer, where it runs, the AMP
+    dtype (empty: off), the loader, and the class weights when there are any."""
+    schedule = f"{args.epochs} epochs at {args.imgsz} px, batch {args.batch} x accumulate {accumulate}"
+    if args.accumulate_warmup:
+        schedule += " (from 1 over the warmup)"
+    parts = [network, images, schedule, f"{args.optimizer} lr0 {args.lr0}"]
+    parts.append(f"{device} x {world_size} processes" if world_size > 1 else device)
+    if amp:
+        parts.append(f"amp {amp}")
+    parts.append(f"{args.workers} loader workers")
+    if class_weights:
+        parts.append("class weights " + ", ".join(f"{n} {w:.3g}" for n, w in zip(names, class_weights)))
+    return " | ".join(parts)
+
+
+def log_epoch(tensorboard, mlflow_run, values, epoch):
+    """An epoch's results.csv values (column -> number) in TensorBoard and MLflow, where they are open."""
+    if tensorboard:
+        for column, value in values.items():
+            tensorboard.add_scalar(column, value, epoch)
+    if mlflow_run:
+        mlflow_run.log_epoch(values, epoch)

@@ -52,7 +52,7 @@ def changed_settings(parser, args, sources):
     return changed
 
 
-def settings_line(parser, args, sources):
+def sources_line(parser, args, sources):
     """One log line: `imgsz 256 <- data/shapes.yaml defaults | lr0 0.002 <- optimizer auto: adamw's | ...`."""
     changed = changed_settings(parser, args, sources)
     return "settings (not --help's defaults): " + " | ".join(f"{k} {v} <- {s}" for k, (v, s) in changed.items())
@@ -125,3 +125,19 @@ def resumed_batch(args, ckpt, world_size, batch_given):
     batch = args.batch if batch_given else saved // ckpt.get("world_size", world_size) * world_size
     accumulate = max(1, round(args.accumulate * saved / batch)) if args.accumulate else 0
     return batch, accumulate
+
+
+def resolve_optimizer(optimizer, lr0, iterations, sources):
+    """(optimizer, lr0) of --optimizer and --lr0 for a run of `iterations` batches; `sources` notes what was chosen.
+    auto: Adam-style for short runs, SGD for long ones, as Ultralytics' "auto"; it counts optimizer steps (batches
+    of max(batch, nominal_batch)), this counts batches: SGD from 4x shorter runs at batch 16 (unmeasured; see
+    bench/RESULTS.md). ValueError for an optimizer not offered."""
+    if optimizer == "auto":
+        optimizer = "adamw" if iterations < 10_000 else "sgd"
+        sources["optimizer"] = f"--optimizer auto: {iterations} iterations"
+    if optimizer not in ("sgd", "adamw", "musgd"):
+        raise ValueError(f"--optimizer {optimizer}: give sgd, adamw, musgd or auto")
+    if not lr0:
+        lr0 = {"sgd": 0.01, "adamw": 0.002, "musgd": 0.01}[optimizer]
+        sources["lr0"] = f"{optimizer}'s usual rate"
+    return optimizer, lr0
