@@ -82,18 +82,27 @@ def make_dataset(name, root):
     return yaml_path, len(names)
 
 
+def train_command(repo, extra, data_yaml, epochs, seed, cell, peer_python, imgsz=320, batch=16):
+    """The command that trains one cell: train.py with `extra` flags into cell/train (validated once, after the last
+    epoch), or bench/ultralytics_shapes.py with `extra` train() settings (a leading `--model FILE` is the script's
+    flag) into cell/peer (no per-epoch validation; its final one saves the predictions). bench/real_data_benchmark.py
+    trains with it too."""
+    common = ["--data", str(data_yaml), "--epochs", str(epochs), "--imgsz", str(imgsz), "--batch", str(batch)]
+    common += ["--seed", str(seed)]
+    if repo == "ours":
+        command = [sys.executable, "train.py", *common, *extra, "--val-every", str(epochs)]
+        return command + ["--workers", "2", "--out", str(cell / "train")]
+    model = extra[1:2] if extra[:1] == ["--model"] else []  # a script flag, the rest are train() settings
+    command = [peer_python, "bench/ultralytics_shapes.py", *common, "--out", str(cell / "peer")]
+    return command + [*(["--model", *model] if model else []), "--set", "val=False", *extra[2 if model else 0 :]]
+
+
 def run_cell(run, data_yaml, nc, epochs, seed, cell, peer_python):
     repo, extra = RUNS[run]
     extra = [a.format(lr_nc=round(0.002 * 5 / (4 + nc), 6)) for a in extra]
-    common = ["--data", str(data_yaml), "--epochs", str(epochs), "--imgsz", "320", "--batch", "16"]
-    common += ["--seed", str(seed)]
-    if repo == "ours":
-        command = [sys.executable, "train.py", *common, *RECIPE, *extra, "--val-every", str(epochs)]
-        command += ["--workers", "2", "--out", str(cell / "train")]
-    else:
-        model = extra[1:2] if extra[:1] == ["--model"] else []  # a script flag, the rest are train() settings
-        command = [peer_python, "bench/ultralytics_shapes.py", *common, "--out", str(cell / "peer")]
-        command += [*(["--model", *model] if model else []), "--set", "val=False", *extra[2 if model else 0 :]]
+    command = train_command(
+        repo, [*RECIPE, *extra] if repo == "ours" else extra, data_yaml, epochs, seed, cell, peer_python
+    )
     start = time.perf_counter()
     run_logged(command, cell / "log.txt")
     seconds = time.perf_counter() - start

@@ -105,3 +105,59 @@ def test_recipe_benchmark_without_a_peer_python_says_so_before_running_anything(
     assert r.returncode == 1 and r.stdout == ""
     assert "PEER_PYTHON" in r.stderr and "bench/peer_env.sh DIR" in r.stderr and "\n" not in r.stderr.strip()
     assert not (tmp_path / "out" / "data").exists()
+
+
+def write_voc(root, n_train=6, n_val=3, size=96):
+    """A tiny Pascal VOC folder: bright rectangles of 2 classes on noise, one `difficult` box in the first val image."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for folder in ("Annotations", "JPEGImages", "ImageSets/Main"):
+        (root / folder).mkdir(parents=True)
+    ids = [f"img{i:02d}" for i in range(n_train + n_val)]
+    for i, image_id in enumerate(ids):
+        image = rng.integers(0, 60, (size, size, 3), dtype=np.uint8)
+        objects = []
+        for k, (name, color) in enumerate([("cell", (255, 255, 255)), ("dot", (0, 200, 255))]):
+            x1, y1 = int(rng.integers(1, size // 2)), int(rng.integers(1, size // 2))
+            x2, y2 = x1 + 20 + 10 * k, y1 + 24
+            cv2.rectangle(image, (x1 - 1, y1 - 1), (x2 - 1, y2 - 1), color, -1)
+            difficult = int(i == n_train and name == "dot")
+            objects.append(
+                f"<object><name>{name}</name><difficult>{difficult}</difficult><bndbox><xmin>{x1}</xmin>"
+                f"<ymin>{y1}</ymin><xmax>{x2}</xmax><ymax>{y2}</ymax></bndbox></object>"
+            )
+        cv2.imwrite(str(root / "JPEGImages" / f"{image_id}.jpg"), image)
+        size_xml = f"<size><width>{size}</width><height>{size}</height><depth>3</depth></size>"
+        (root / "Annotations" / f"{image_id}.xml").write_text(f"<annotation>{size_xml}{''.join(objects)}</annotation>")
+    (root / "ImageSets/Main/train.txt").write_text("".join(f"{i}\n" for i in ids[:n_train]))
+    (root / "ImageSets/Main/val.txt").write_text("".join(f"{i}\n" for i in ids[n_train:]))
+    return ids
+
+
+def test_real_data_benchmark_trains_ours_on_voc_as_it_lies_and_scores_it_with_pycocotools(tmp_path):
+    voc, out = tmp_path / "VOC", tmp_path / "out"
+    ids = write_voc(voc)
+    before = {p: p.stat().st_mtime_ns for p in voc.rglob("*")}
+    env = {**os.environ, "YOLO_CACHE_DIR": str(tmp_path / "cache")}
+    command = [sys.executable, "bench/real_data_benchmark.py", "--voc", str(voc), "--runs", "ours-n", "--seeds", "0"]
+    command += ["--epochs", "1", "--imgsz", "64", "--batch", "4", "--out", str(out)]
+    r = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert {p: p.stat().st_mtime_ns for p in voc.rglob("*")} == before  # nothing written into the dataset
+
+    result = json.loads((out / "ours-n" / "64px" / "e1" / "s0" / "result.json").read_text())
+    assert 0.0 <= result["mAP50-95"] <= result["mAP50"] <= 1.0
+    assert set(result["per_class"]) == {"cell", "dot"}  # the XML's names, sorted
+    assert result["images"] == {"train": 6, "val": 3}
+    assert "| ours-n | 1 | 1 |" in r.stdout  # the table
+
+    gt = json.loads((out / "data" / "val_gt.json").read_text())  # the ground truth both sides are scored against
+    assert sorted(im["file_name"] for im in gt["images"]) == [f"{i}.jpg" for i in ids[6:]]
+    assert sorted(a["iscrowd"] for a in gt["annotations"]) == [0] * 5 + [1]  # `difficult`: ignored, not a miss
+    # the peer's YOLO copy: images linked, not copied; the training boxes of the same records as YOLO rows
+    yolo = out / "data" / "yolo"
+    assert all((yolo / "images" / "train" / f"{i}.jpg").is_symlink() for i in ids[:6])
+    rows = (yolo / "labels" / "val" / f"{ids[6]}.txt").read_text().splitlines()
+    assert len(rows) == 1 and rows[0].split()[0] == "0"  # the difficult "dot" stays out of training, as on our side

@@ -1,0 +1,247 @@
+"""Real photos side by side: this repo's train.py and Ultralytics on a Pascal VOC dataset (BCCD, blood cells), under
+the same recipe or each repo's defaults, at several seeds and epoch budgets, every model scored by pycocotools
+against one ground truth.
+
+    # the first cells: YOLOv8n on both sides, same recipe, 20 epochs, seed 0, 320 px
+    python bench/real_data_benchmark.py --voc ../datasets/BCCD --runs ours-n peer-v8n --seeds 0 --epochs 20
+    # the full grid (cells already run are skipped, so it can be stopped and started again)
+    python bench/real_data_benchmark.py --voc ../datasets/BCCD --runs ours-n peer-v8n ours-11n peer-11n \\
+        ours-n-defaults peer-v8n-defaults --seeds 0 1 2 --epochs 20 40 --imgsz 320
+    # the table of what has run so far
+    python bench/real_data_benchmark.py --table
+
+The dataset is read where it lies and nothing is written into its folder. This repo trains through a dataset yaml
+written to OUT/data/voc.yaml (`voc: FOLDER`: ImageSets/Main/train.txt and val.txt as published, utils/voc.py).
+Ultralytics cannot read VOC, so it gets OUT/data/yolo: the images as symlinks and YOLO txt labels written from the
+very records this repo trains on (the same images, the same boxes; `difficult` ones left out of training as on our
+side; a box the reader refuses takes the same way on both). The ground truth, OUT/data/val_gt.json, is built once
+from the VOC val annotations, `difficult` boxes as ignored regions (iscrowd, as VOC's evaluation ignores them).
+
+Scoring: each side's own inference writes its detections of the val images to COCO json at conf 0.001, NMS IoU 0.7,
+at most 300 per image (val.py --save-json; Ultralytics' validator with save_json, whose defaults these are), and
+utils/evaluate.coco_map (pycocotools) scores both against val_gt.json: mAP50-95, mAP50 and AP per class. Neither
+repo's own metric is compared (each result.json keeps it as "own" for a cross-check). Weights: those after the last
+epoch (no validation between epochs on either side, as in bench/recipe_benchmark.py, whose train_command runs both).
+
+Runs: "ours-*" / "peer-*" under the same recipe (AdamW lr0 0.002; batch, imgsz, epochs as given; warmup 3 epochs,
+nominal batch 64, mosaic closed for the last 10 epochs and EMA are both repos' defaults); "*-defaults": each repo's
+own choice at that imgsz, batch and epochs (ours: --optimizer auto = AdamW 0.002 below 10k iterations, the same as
+the recipe; Ultralytics: optimizer=auto = AdamW at 0.002 * 5 / (4 + nc)). Ultralytics runs in its own venv
+(bench/peer_env.sh DIR; --peer-python DIR/bin/python or PEER_PYTHON).
+
+Results: OUT/<run>/<imgsz>px/e<epochs>/s<seed>/result.json; the table in OUT/table.md.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as `python bench/real_data_benchmark.py`: find utils/ and bench/
+
+from bench.peer import find_peer_python  # noqa: E402
+from bench.recipe_benchmark import RECIPE, run_logged, train_command  # noqa: E402
+from utils.coco import records_to_coco  # noqa: E402
+from utils.dataset_yaml import DatasetError, load_dataset_yaml  # noqa: E402
+from utils.evaluate import coco_map  # noqa: E402
+from utils.labels import load_verified  # noqa: E402
+
+SAME = ["optimizer=AdamW", "lr0=0.002"]  # Ultralytics' spelling of RECIPE
+# name: (repo, extra arguments): train.py flags for this repo, train() settings for Ultralytics (--model: the file)
+RUNS = {
+    "ours-n": ("ours", RECIPE),
+    "peer-v8n": ("peer", SAME),
+    "ours-11n": ("ours", [*RECIPE, "--model", "11n"]),
+    "peer-11n": ("peer", ["--model", "yolo11n.yaml", *SAME]),
+    "ours-n-defaults": ("ours", []),
+    "peer-v8n-defaults": ("peer", []),
+    "ours-11n-defaults": ("ours", ["--model", "11n"]),
+    "peer-11n-defaults": ("peer", ["--model", "yolo11n.yaml"]),
+}
+PAIRS = [("ours-n", "peer-v8n"), ("ours-11n", "peer-11n"), ("ours-n-defaults", "peer-v8n-defaults")]
+PAIRS += [("ours-11n-defaults", "peer-11n-defaults")]
+CONF, IOU, MAX_DET = 0.001, 0.7, 300  # Ultralytics' validator defaults; passed to val.py explicitly
+
+
+def prepare(voc, data_dir):
+    """Write OUT/data: voc.yaml (ours), the YOLO txt copy and yolo.yaml (Ultralytics), val_gt.json (the ground
+    truth). Returns (voc.yaml, yolo.yaml, names, {split: image count})."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    voc_yaml = data_dir / "voc.yaml"
+    voc_yaml.write_text(f"voc: {Path(voc).resolve()}\n")
+    try:
+        data = load_dataset_yaml(voc_yaml)
+        splits = {s: load_verified(data[s], data["nc"], s) for s in ("train", "val")}
+    except DatasetError as e:
+        sys.exit(f"--voc {voc}: {e}")
+    names = data["names"]
+    for split, records in splits.items():
+        write_yolo_split(records, data_dir / "yolo", split)
+    yolo_yaml = data_dir / "yolo.yaml"
+    yolo_yaml.write_text(
+        f"path: {(data_dir / 'yolo').resolve()}\ntrain: images/train\nval: images/val\nnames: {json.dumps(names)}\n"
+    )
+    val = splits["val"]
+    gt = records_to_coco(val, names, file_names=[Path(r["im"]).name for r in val], first_image_id=1, decimals=3)
+    (data_dir / "val_gt.json").write_text(json.dumps(gt))
+    return voc_yaml, yolo_yaml, names, {s: len(r) for s, r in splits.items()}
+
+
+def write_yolo_split(records, root, split):
+    """images/<split>/<name> -> the image, labels/<split>/<stem>.txt: the records' training boxes as YOLO rows."""
+    images, labels = root / "images" / split, root / "labels" / split
+    for folder in (images, labels):
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.iterdir():  # another --voc must not leave images behind
+            old.unlink()
+    for cache in root.glob("labels/*.cache"):
+        cache.unlink()
+    for r in records:
+        image = Path(r["im"])
+        (images / image.name).symlink_to(image.resolve())
+        rows = [
+            f"{int(c)} {(x1 + x2) / 2:.6f} {(y1 + y2) / 2:.6f} {x2 - x1:.6f} {y2 - y1:.6f}"
+            for c, x1, y1, x2, y2 in (map(float, row) for row in r["labels"])
+        ]
+        (labels / f"{image.stem}.txt").write_text("".join(f"{row}\n" for row in rows))
+
+
+def predict_ours(cell, voc_yaml, imgsz):
+    """Our detections of the val images from val.py --save-json on best.pt (the final epoch's weights: validated
+    only once), as (file name, detection) pairs; and val.py's own mAP50-95."""
+    command = [sys.executable, "val.py", "--weights", str(cell / "train" / "weights" / "best.pt")]
+    command += ["--data", str(voc_yaml), "--imgsz", str(imgsz), "--conf", str(CONF), "--iou", str(IOU)]
+    command += ["--max-det", str(MAX_DET), "--save-json", "--workers", "2", "--out", str(cell / "val")]
+    run_logged(command, cell / "log_val.txt")
+    images = json.loads((cell / "val" / "ground_truth.json").read_text())["images"]
+    file_of = {im["id"]: Path(im["file_name"]).name for im in images}
+    detections = json.loads((cell / "val" / "predictions.json").read_text())
+    own = json.loads((cell / "val" / "metrics.json").read_text())["mAP50-95"]
+    return [(file_of[d["image_id"]], d) for d in detections], own
+
+
+def predict_peer(cell):
+    """Ultralytics' detections of the val images (its validator, save_json, on best.pt = the final epoch's weights
+    when it validates only after the last), as (file name, detection) pairs with class indices; its own mAP50-95."""
+    summary = json.loads((cell / "peer" / "summary.json").read_text())
+    found = []
+    for d in json.loads(Path(summary["predictions"]).read_text()):
+        name = d.get("file_name") or f"{d['image_id']}.jpg"
+        found.append((Path(name).name, {**d, "category_id": int(d["category_id"]) - 1}))  # it writes class + 1
+    return found, summary["mAP50-95"]
+
+
+def score(gt_path, named_detections, names):
+    """pycocotools' mAP50-95, mAP50 and AP per class of (file name, detection) pairs against val_gt.json."""
+    gt = json.loads(Path(gt_path).read_text())
+    by_name = {im["file_name"]: im["id"] for im in gt["images"]}
+    unknown = sorted({name for name, _ in named_detections if name not in by_name})
+    if unknown:
+        sys.exit(f"{len(unknown)} images with detections are not in {gt_path}, e.g. {unknown[0]}")
+    detections = [
+        {"image_id": by_name[name], "category_id": int(d["category_id"]), "bbox": d["bbox"], "score": d["score"]}
+        for name, d in named_detections
+    ]
+    map5095, map50, ap, ap50, _ = coco_map(gt, detections, list(range(len(names))), max_det=MAX_DET)
+    per_class = {n: {"AP50-95": round(float(a), 5), "AP50": round(float(b), 5)} for n, a, b in zip(names, ap, ap50)}
+    return {"mAP50-95": round(map5095, 5), "mAP50": round(map50, 5), "per_class": per_class}
+
+
+def run_cell(run, data, epochs, seed, imgsz, batch, cell, peer_python):
+    repo, extra = RUNS[run]
+    data_yaml = data["voc_yaml"] if repo == "ours" else data["yolo_yaml"]
+    command = train_command(repo, extra, data_yaml, epochs, seed, cell, peer_python, imgsz=imgsz, batch=batch)
+    start = time.perf_counter()
+    run_logged(command, cell / "log.txt")
+    seconds = time.perf_counter() - start
+    named, own = predict_ours(cell, data["voc_yaml"], imgsz) if repo == "ours" else predict_peer(cell)
+    result = score(data["gt"], named, data["names"])
+    result.update(seconds=round(seconds, 1), own={"mAP50-95": own}, detections=len(named), command=command)
+    result.update(epochs=epochs, seed=seed, imgsz=imgsz, batch=batch, images=data["counts"])
+    (cell / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def mean_std(values, digits=3):
+    spread = f" +/- {statistics.stdev(values):.{digits}f}" if len(values) > 1 else ""
+    return f"{statistics.mean(values):.{digits}f}{spread}"
+
+
+def table(out):
+    """Markdown, one table per image size: a row per run and epoch budget with mAP50-95, mAP50, AP50-95 per class
+    (mean +/- sample std over seeds) and the training minutes; then the ratio ours / peer of the mAP50-95 means."""
+    cells = {}
+    for path in sorted(out.glob("*/*px/e*/s*/result.json")):
+        run, imgsz, epochs = path.parts[-5], int(path.parts[-4][:-2]), int(path.parts[-3][1:])
+        cells.setdefault((imgsz, run, epochs), []).append(json.loads(path.read_text()))
+    if not cells:
+        return f"no results under {out} yet: run the benchmark without --table first\n"
+    names = list(next(iter(cells.values()))[0]["per_class"])
+    lines = []
+    for imgsz in sorted({k[0] for k in cells}):
+        lines += [f"\n{imgsz} px: pycocotools on the val split, mean +/- std over seeds (n)\n"]
+        lines += ["| run | epochs | seeds | mAP50-95 | mAP50 | " + " | ".join(f"AP {n}" for n in names) + " | min |"]
+        lines += ["|---" * (6 + len(names)) + "|"]
+        for (size, run, epochs), results in sorted(cells.items(), key=lambda kv: (list(RUNS).index(kv[0][1]), kv[0])):
+            if size != imgsz:
+                continue
+            row = [run, str(epochs), str(len(results))]
+            row += [mean_std([r[key] for r in results]) for key in ("mAP50-95", "mAP50")]
+            row += [mean_std([r["per_class"][n]["AP50-95"] for r in results]) for n in names]
+            row.append(mean_std([r["seconds"] / 60 for r in results], 1))
+            lines.append("| " + " | ".join(row) + " |")
+        for ours, peer in PAIRS:
+            for epochs in sorted({k[2] for k in cells if k[0] == imgsz}):
+                a, b = cells.get((imgsz, ours, epochs)), cells.get((imgsz, peer, epochs))
+                peer_mean = statistics.mean(r["mAP50-95"] for r in b) if b else 0
+                if a and peer_mean:
+                    ratio = statistics.mean(r["mAP50-95"] for r in a) / peer_mean
+                    lines.append(f"| {ours} / {peer} (mAP50-95 means) | {epochs} | | {ratio:.2f} |")
+    text = "\n".join(lines) + "\n"
+    (out / "table.md").write_text(text)
+    return text
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--voc", help="the Pascal VOC folder (Annotations/, JPEGImages/, ImageSets/Main/)")
+    parser.add_argument("--runs", nargs="+", default=["ours-n", "peer-v8n"], choices=list(RUNS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--epochs", nargs="+", type=int, default=[20, 40])
+    parser.add_argument("--imgsz", type=int, default=320)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--out", default=str(REPO / "runs" / "real_data"))
+    parser.add_argument("--peer-python", help="the python of bench/peer_env.sh DIR (default: $PEER_PYTHON)")
+    parser.add_argument("--table", action="store_true", help="only print the table of the cells run so far")
+    args = parser.parse_args()
+    out = Path(args.out).resolve()
+    if not args.table:
+        if not args.voc or not Path(args.voc).is_dir():
+            sys.exit(f"--voc {args.voc}: give the Pascal VOC folder (Annotations/, JPEGImages/, ImageSets/Main/)")
+        if any(RUNS[run][0] == "peer" for run in args.runs):  # now, not after the first cells of ours
+            args.peer_python = find_peer_python(args.peer_python)
+        voc_yaml, yolo_yaml, names, counts = prepare(args.voc, out / "data")
+        data = dict(voc_yaml=voc_yaml, yolo_yaml=yolo_yaml, names=names, counts=counts, gt=out / "data" / "val_gt.json")
+        # seeds outermost: a run stopped early still has every cell at the first seed
+        for seed in args.seeds:
+            for epochs in args.epochs:
+                for run in args.runs:
+                    cell = out / run / f"{args.imgsz}px" / f"e{epochs}" / f"s{seed}"
+                    if (cell / "result.json").exists():
+                        continue
+                    cell.mkdir(parents=True, exist_ok=True)
+                    r = run_cell(run, data, epochs, seed, args.imgsz, args.batch, cell, args.peer_python)
+                    classes = ", ".join(f"{n} {v['AP50-95']:.3f}" for n, v in r["per_class"].items())
+                    print(
+                        f"{run} {args.imgsz} px {epochs} epochs seed {seed}: mAP50-95 {r['mAP50-95']:.4f} "
+                        f"mAP50 {r['mAP50']:.4f} ({classes}; {r['seconds']:.0f} s)",
+                        flush=True,
+                    )
+    print(table(out))
+
+
+if __name__ == "__main__":
+    main()
