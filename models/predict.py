@@ -7,8 +7,8 @@
     for box, score, name in zip(result.boxes, result.scores, result.names):
         print(name, round(float(score), 2), box.round(1))  # x1 y1 x2 y2 in the image's own pixels
 
-Why a module here: loading a .pt builds the network (models.yolo), and utils/ never imports models/, so
-these cannot live in utils/inference.py; and detect.py is a long script about sources, videos and
+Why a module here: loading a .pt builds the network (models/weights.py), and utils/ never imports models/,
+so these cannot live in utils/inference.py; and detect.py is a long script about sources, videos and
 streams that nothing should have to import. detect.py itself runs every image and frame through `load`,
 `inference_size` and `detect_image` below: the preprocessing, NMS and scaling back exist once.
 """
@@ -21,11 +21,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from models.yolo import load_model
+from models.weights import load_weights
 from utils.boxes import scale_boxes_to_original
 from utils.checkpoint import CheckpointError
 from utils.images import read_image
-from utils.inference import from_pytorch, load_exported, postprocess, preprocess
+from utils.inference import from_pytorch, postprocess, preprocess
 
 
 class Detections(NamedTuple):
@@ -47,13 +47,14 @@ def load(weights, device="cpu", half=False, nms=False):
     device: "cpu", "cuda", "cuda:1", "1" or a torch.device. A missing, broken or foreign file raises
     utils.checkpoint.CheckpointError (a ValueError) with one sentence that names the file."""
     device = torch.device(f"cuda:{device}" if str(device).isdigit() else device)
-    if Path(weights).suffix == ".pt":
-        network, train_args = load_model(weights)
+    loaded = load_weights(weights, device)
+    if loaded.checkpoint is not None:  # a .pt: its network, built
+        network, train_args = loaded.model, loaded.train_args
         if nms:
             network.end2end = False
         model = from_pytorch(network, device, half, train_args.get("data"), train_args.get("single_cls", False))
     else:
-        model = load_exported(weights, device)
+        model = loaded.model
         if nms and model["end2end"]:
             raise CheckpointError(
                 f"{weights} was exported end-to-end (YOLO26's NMS-free head only): it has no one-to-many head to "

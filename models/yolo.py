@@ -1,8 +1,10 @@
 """The detector: a CSP backbone with SPPF, a PAN neck and an anchor-free decoupled head (with DFL, or YOLO26's
 without DFL and with a one-to-one branch that needs no NMS).
 
-Written as plain modules, top to bottom, so that changing the network means editing this file:
-no model yaml, no registry. `YOLO(scale="n", nc=80)` builds one of the five sizes.
+Written as plain modules, top to bottom, so that changing the network means editing this file (how the layers
+connect, their widths and depths), models/blocks.py (the blocks: Conv, C2f, C3k2, C2PSA, SPPF) or models/head.py
+(the Detect head and its decoding): no model yaml, no registry. `YOLO(scale="n", nc=80)` builds one of the sizes.
+Loading weights files into it: models/weights.py.
 
 Input: RGB, float, 0..1, shape (batch, 3, H, W) with H and W multiples of 32.
 Output in training: the raw maps of the three levels (what the loss needs).
@@ -11,15 +13,14 @@ Output in eval:     (batch, anchors, 4 + nc) = x1 y1 x2 y2 in input pixels, then
 """
 
 import contextlib
-import copy
 import math
 
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from utils.boxes import dfl_decode, distances_to_boxes, make_anchors
-from utils.checkpoint import FORMAT, CheckpointError, checkpoint_weights, load_checkpoint
+from models.blocks import C2PSA, SPPF, C2f, C3k2, Conv
+from models.head import Detect
 
 # model name: (depth multiple, width multiple, max channels), the values users of Ultralytics know.
 # n..x are YOLOv8 (this repo's models since its start), 11n..11x are YOLO11, 26n..26x are YOLO26.
@@ -40,266 +41,6 @@ SCALES = {
     "26l": (1.00, 1.00, 512),
     "26x": (1.00, 1.50, 512),
 }
-STRIDES = (8, 16, 32)
-
-
-class Conv(nn.Module):
-    """Conv2d + BatchNorm + SiLU. `fuse()` folds the BN into the conv for inference."""
-
-    def __init__(self, c_in, c_out, k=1, s=1, groups=1, act=True):
-        super().__init__()
-        self.conv = nn.Conv2d(c_in, c_out, k, s, k // 2, groups=groups, bias=False)
-        self.bn = nn.BatchNorm2d(c_out, eps=1e-3, momentum=0.03)
-        self.act = nn.SiLU(inplace=True) if act else nn.Identity()
-
-    def forward(self, x):
-        return self.act(self.bn(self.conv(x)))
-
-    def fuse(self):
-        # Folding is only valid with frozen statistics, i.e. eval mode
-        # (pitfall M1: BatchNorm behaves differently in train and eval).
-        self.conv = torch.nn.utils.fusion.fuse_conv_bn_eval(self.conv.eval(), self.bn.eval())
-        self.bn = nn.Identity()
-
-
-class Bottleneck(nn.Module):
-    """Two 3x3 convs, with a residual connection when the shapes allow it."""
-
-    def __init__(self, c_in, c_out, shortcut=True, expansion=1.0):
-        super().__init__()
-        hidden = int(c_out * expansion)
-        self.cv1 = Conv(c_in, hidden, 3)
-        self.cv2 = Conv(hidden, c_out, 3)
-        self.add = shortcut and c_in == c_out
-
-    def forward(self, x):
-        y = self.cv2(self.cv1(x))
-        return x + y if self.add else y
-
-
-class C2f(nn.Module):
-    """CSP block: split, run n bottlenecks on one half, concatenate every intermediate output."""
-
-    def __init__(self, c_in, c_out, n=1, shortcut=False, expansion=0.5):
-        super().__init__()
-        self.hidden = int(c_out * expansion)
-        self.cv1 = Conv(c_in, 2 * self.hidden, 1)
-        self.cv2 = Conv((2 + n) * self.hidden, c_out, 1)
-        self.m = nn.ModuleList(Bottleneck(self.hidden, self.hidden, shortcut) for _ in range(n))
-
-    def forward(self, x):
-        y = list(self.cv1(x).chunk(2, 1))
-        for block in self.m:
-            y.append(block(y[-1]))
-        return self.cv2(torch.cat(y, 1))
-
-
-class C3k(nn.Module):
-    """CSP block with two branches: n bottlenecks after one 1x1 projection, the other projection kept as is."""
-
-    def __init__(self, c_in, c_out, n=2, shortcut=True):
-        super().__init__()
-        hidden = c_out // 2
-        self.cv1 = Conv(c_in, hidden, 1)
-        self.cv2 = Conv(c_in, hidden, 1)
-        self.cv3 = Conv(2 * hidden, c_out, 1)
-        self.m = nn.Sequential(*(Bottleneck(hidden, hidden, shortcut) for _ in range(n)))
-
-    def forward(self, x):
-        return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), 1))
-
-
-class C3k2(C2f):
-    """YOLO11's C2f: each inner block is a C3k (the deep variant) or a bottleneck of half width.
-    attention (YOLO26's last neck block): each inner block is that bottleneck followed by a PSA block."""
-
-    def __init__(self, c_in, c_out, n=1, deep=False, expansion=0.5, shortcut=True, attention=False):
-        super().__init__(c_in, c_out, n, shortcut, expansion)
-        h = self.hidden
-
-        def inner():
-            if attention:
-                return nn.Sequential(Bottleneck(h, h, shortcut, expansion=0.5), PSABlock(h, max(h // 64, 1)))
-            return C3k(h, h, 2, shortcut) if deep else Bottleneck(h, h, shortcut, expansion=0.5)
-
-        self.m = nn.ModuleList(inner() for _ in range(n))
-
-
-class Attention(nn.Module):
-    """Multi-head self-attention over the pixels of a feature map, with 1x1 convs as projections and a
-    depthwise 3x3 on the values as position encoding. Keys are half the width of values (attn_ratio 0.5)."""
-
-    def __init__(self, dim, num_heads):
-        super().__init__()
-        self.num_heads, self.head_dim = num_heads, dim // num_heads
-        self.key_dim = self.head_dim // 2
-        self.scale = self.key_dim**-0.5
-        self.qkv = Conv(dim, dim + 2 * self.key_dim * num_heads, 1, act=False)
-        self.proj = Conv(dim, dim, 1, act=False)
-        self.pe = Conv(dim, dim, 3, groups=dim, act=False)
-
-    def forward(self, x):
-        b, c, h, w = x.shape
-        q, k, v = (
-            self.qkv(x)
-            .view(b, self.num_heads, 2 * self.key_dim + self.head_dim, h * w)
-            .split((self.key_dim, self.key_dim, self.head_dim), 2)
-        )
-        attn = ((q * self.scale).transpose(-2, -1) @ k).softmax(-1)  # pixels x pixels, per head
-        x = (v @ attn.transpose(-2, -1)).view(b, c, h, w) + self.pe(v.reshape(b, c, h, w))
-        return self.proj(x)
-
-
-class PSABlock(nn.Module):
-    """Attention then a 1x1 feed-forward, each with a residual connection (a transformer block in convs)."""
-
-    def __init__(self, c, num_heads):
-        super().__init__()
-        self.attn = Attention(c, num_heads)
-        self.ffn = nn.Sequential(Conv(c, 2 * c, 1), Conv(2 * c, c, 1, act=False))
-
-    def forward(self, x):
-        x = x + self.attn(x)
-        return x + self.ffn(x)
-
-
-class C2PSA(nn.Module):
-    """YOLO11's attention stage after SPPF: split in two halves, n PSA blocks on one, concatenate."""
-
-    def __init__(self, c, n=1):
-        super().__init__()
-        self.hidden = c // 2
-        self.cv1 = Conv(c, 2 * self.hidden, 1)
-        self.cv2 = Conv(2 * self.hidden, c, 1)
-        self.m = nn.Sequential(*(PSABlock(self.hidden, max(self.hidden // 64, 1)) for _ in range(n)))
-
-    def forward(self, x):
-        a, b = self.cv1(x).split((self.hidden, self.hidden), 1)
-        return self.cv2(torch.cat((a, self.m(b)), 1))
-
-
-class SPPF(nn.Module):
-    """Spatial pyramid pooling, fast: three chained 5x5 max-pools see 5, 9 and 13 pixel windows.
-    residual (YOLO26): the first 1x1 conv is linear (no activation) and the input is added to the output."""
-
-    def __init__(self, c_in, c_out, k=5, residual=False):
-        super().__init__()
-        hidden = c_in // 2
-        self.cv1 = Conv(c_in, hidden, 1, act=not residual)
-        self.cv2 = Conv(hidden * 4, c_out, 1)
-        self.pool = nn.MaxPool2d(k, 1, k // 2)
-        self.residual = residual and c_in == c_out
-
-    def forward(self, x):
-        y = [self.cv1(x)]
-        for _ in range(3):
-            y.append(self.pool(y[-1]))
-        y = self.cv2(torch.cat(y, 1))
-        return x + y if self.residual else y
-
-
-class Detect(nn.Module):
-    """Decoupled head: per level, one branch predicts box side distances as distributions over
-    `reg_max` bins (DFL), the other class logits. Anchor-free: one prediction per grid cell.
-    light_cls (YOLO11): the class branch's 3x3 convs are depthwise, each followed by a 1x1.
-    cls_width: the class branch's width; 0 = the usual rule, which grows it with the class count up to 100.
-    reg_max=1 (YOLO26): no DFL, the box branch predicts the 4 distances directly.
-    end2end (YOLO26): a second copy of both branches, the one-to-one head, trained with one positive anchor per
-    object on features detached from the network (so its loss does not reshape them); in eval it alone answers,
-    and its top max_det (anchor, class) scores are the final detections: no NMS. Setting `end2end = False` on such
-    a head makes eval answer with the one-to-many branch instead, per anchor, for NMS (val.py / detect.py --nms).
-    """
-
-    max_det = 300  # end2end: detections per image
-
-    def __init__(self, nc, channels, reg_max=16, light_cls=False, cls_width=0, end2end=False):
-        super().__init__()
-        # one_to_one: the architecture (the loss trains both branches); end2end: which one answers in eval
-        self.nc, self.reg_max, self.one_to_one, self.end2end = nc, reg_max, end2end, end2end
-        self.strides = STRIDES
-        box_hidden = max(16, channels[0] // 4, reg_max * 4)
-        cls_hidden = cls_width or max(channels[0], min(nc, 100))
-        self.box = nn.ModuleList(
-            nn.Sequential(
-                Conv(c, box_hidden, 3), Conv(box_hidden, box_hidden, 3), nn.Conv2d(box_hidden, 4 * reg_max, 1)
-            )
-            for c in channels
-        )
-        if light_cls:
-            self.cls = nn.ModuleList(
-                nn.Sequential(
-                    nn.Sequential(Conv(c, c, 3, groups=c), Conv(c, cls_hidden, 1)),
-                    nn.Sequential(Conv(cls_hidden, cls_hidden, 3, groups=cls_hidden), Conv(cls_hidden, cls_hidden, 1)),
-                    nn.Conv2d(cls_hidden, nc, 1),
-                )
-                for c in channels
-            )
-        else:
-            self.cls = nn.ModuleList(
-                nn.Sequential(Conv(c, cls_hidden, 3), Conv(cls_hidden, cls_hidden, 3), nn.Conv2d(cls_hidden, nc, 1))
-                for c in channels
-            )
-        if end2end:
-            self.one2one_box, self.one2one_cls = copy.deepcopy(self.box), copy.deepcopy(self.cls)
-        self.register_buffer("bins", torch.arange(reg_max, dtype=torch.float32), persistent=False)
-        self.init_biases()
-
-    def init_biases(self, imgsz=640):
-        # Start with a low object prior (~5 objects per image) so early class loss is not swamped by negatives.
-        # Box: equal DFL logits whatever the value; without DFL, boxes 2 cells from the anchor on each side.
-        branches = [(self.box, self.cls)] + ([(self.one2one_box, self.one2one_cls)] if self.one_to_one else [])
-        for boxes, classes in branches:
-            for box, cls, s in zip(boxes, classes, self.strides):
-                nn.init.constant_(box[-1].bias, 1.0 if self.reg_max > 1 else 2.0)
-                nn.init.constant_(cls[-1].bias, math.log(5 / self.nc / (imgsz / s) ** 2))
-
-    return_maps = False  # eval mode: also return the raw maps (the per-epoch validation loss, no second forward)
-
-    def forward(self, feats):
-        both = self.training or self.return_maps  # else eval runs only the branch that answers
-        maps = self.branch(feats, self.box, self.cls) if both or not self.end2end else None
-        if self.one_to_one:
-            detached = [x.detach() for x in feats] if self.training else feats
-            one2one = self.branch(detached, self.one2one_box, self.one2one_cls) if both or self.end2end else None
-            maps = {"one2many": maps, "one2one": one2one}
-        if self.training:
-            return maps
-        if self.end2end:
-            out = self.top_detections(self.decode(maps["one2one"]))
-        else:
-            out = self.decode(maps["one2many"] if self.one_to_one else maps)
-        return (out, maps) if self.return_maps else out
-
-    @staticmethod
-    def branch(feats, boxes, classes):
-        """One copy of the head on the 3 levels: per level, the box outputs then the class logits."""
-        return [torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(feats, boxes, classes)]
-
-    def decode(self, maps):
-        """Raw maps -> (batch, anchors, 4 + nc): xyxy boxes in input pixels and class probabilities.
-        Always float32, also for a half model (val.py --half, export.py --half) or inside autocast (the
-        per-epoch metric): fp16 holds pixel coordinates above 512 only to 0.5 px (above 1024 to 1 px), and
-        its DFL expectation is up to ~0.01 cell off (0.27 px at stride 32), so fp16 boxes were up to 0.5 px
-        off at 640 and 0.7 px at 1280, enough to move a match across the high IoU thresholds of mAP50-95."""
-        with torch.autocast(maps[0].device.type, enabled=False):  # autocast would run the DFL matmul in fp16
-            anchors, strides = make_anchors(maps, self.strides)
-            flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2).float()  # batch, anchors, 4*reg_max + nc
-            distri, logits = flat.split((4 * self.reg_max, self.nc), 2)
-            distances = dfl_decode(distri, self.bins) if self.reg_max > 1 else distri
-            boxes = distances_to_boxes(distances, anchors) * strides
-            return torch.cat((boxes, logits.sigmoid()), 2)
-
-    def top_detections(self, decoded):
-        """(batch, anchors, 4 + nc) -> (batch, k, 6) x1 y1 x2 y2 score class, best first, k = min(max_det, anchors):
-        the k best (anchor, class) pairs among the k anchors with the best top class (as Ultralytics' end-to-end
-        head, so that its checkpoints give its detections); an anchor may appear once per class."""
-        boxes, scores = decoded.split((4, self.nc), 2)
-        k = min(self.max_det, scores.shape[1])
-        anchors = scores.amax(2).topk(k, 1).indices  # b, k
-        scores = scores.gather(1, anchors.unsqueeze(-1).expand(-1, -1, self.nc))  # b, k, nc
-        best, index = scores.flatten(1).topk(k, 1)  # b, k over the k x nc pairs
-        boxes = boxes.gather(1, anchors.gather(1, index // self.nc).unsqueeze(-1).expand(-1, -1, 4))
-        return torch.cat((boxes, best.unsqueeze(-1), (index % self.nc).unsqueeze(-1).to(boxes.dtype)), 2)
 
 
 @contextlib.contextmanager
@@ -430,49 +171,6 @@ class YOLO(nn.Module):
         return self
 
 
-def architecture(model_arg, reg_max=0, resume_ckpt=None, init_ckpt=None):
-    """The network a run builds, (scale, reg_max): a resumed run's, that of the .pt given as --model, or --model
-    itself with --reg-max (0: the family's)."""
-    ckpt = resume_ckpt or (init_ckpt if model_arg.endswith(".pt") else None)
-    if ckpt:
-        return ckpt["scale"], box_bins(checkpoint_weights(ckpt))
-    if model_arg not in SCALES:
-        raise ValueError(f"--model {model_arg}: give one of {', '.join(SCALES)} or a .pt file")
-    if reg_max < 0:
-        raise ValueError(f"--reg-max {reg_max}: give 0 (the family's), 1 (no DFL) or the DFL bins per side (16)")
-    return model_arg, reg_max
-
-
-def class_width(weights):
-    """The class branch's width in a state dict (the input width of its last conv)."""
-    return weights["head.cls.0.2.weight"].shape[1]
-
-
-def box_bins(weights):
-    """The box branch's bins per side (reg_max) in a state dict: its last conv has 4 of them per anchor."""
-    return weights["head.box.0.2.weight"].shape[0] // 4
-
-
-def load_matching(model, weights):
-    """Copy every tensor of `weights` whose name and shape match the model's (fine-tuning from another
-    class count or model). Returns the names of the model's tensors left as they were."""
-    own = model.state_dict()
-    matching = {k: v for k, v in weights.items() if k in own and own[k].shape == v.shape}
-    model.load_state_dict(matching, strict=False)
-    return [k for k in own if k not in matching]
-
-
-def initialise_from(model, ckpt, path):
-    """Fine-tuning: copy the checkpoint's tensors that match (load_matching); returns the sentence that says what
-    transferred and what starts fresh."""
-    fresh, total = load_matching(model, checkpoint_weights(ckpt)), len(model.state_dict())
-    starting_fresh = f"; starting fresh: {', '.join(fresh[:6])}{' ...' * (len(fresh) > 6)}" if fresh else ""
-    return (
-        f"initialised {total - len(fresh)}/{total} tensors from {path} ({ckpt.get('source', 'this repo')}, "
-        f"model {ckpt['scale']}, {ckpt['nc']} classes){starting_fresh}"
-    )
-
-
 def count_parameters(model):
     return sum(p.numel() for p in model.parameters())
 
@@ -489,33 +187,3 @@ def count_gflops(model, imgsz=640):
         model(x)
     model.train(was_training)
     return counter.get_total_flops() / 1e9
-
-
-def model_from_checkpoint(ckpt, source=""):
-    """Rebuild the network from a checkpoint (a dict or a path), with the EMA weights when it has
-    them (last.pt), else its only weights (best.pt holds EMA weights). Returned in eval mode and in
-    channels_last layout (10-20% faster convolutions on CPU and CUDA), with `names` and `imgsz`
-    attached. A checkpoint that cannot be built: CheckpointError, one sentence."""
-    if not isinstance(ckpt, dict):
-        ckpt, source = load_checkpoint(ckpt), ckpt
-    try:
-        weights = checkpoint_weights(ckpt)
-        model = YOLO(ckpt["scale"], ckpt["nc"], cls_width=class_width(weights), reg_max=box_bins(weights))
-        model.load_state_dict(weights)
-        model.names, model.imgsz = ckpt["names"], ckpt["imgsz"]
-    except (KeyError, RuntimeError, ValueError, TypeError) as e:
-        detail = " ".join(str(e).split())[:200]
-        raise CheckpointError(
-            f"{source or 'the checkpoint'} has the '{FORMAT}' tag but holds no model this code can build "
-            f"({type(e).__name__}: {detail})"
-        ) from None
-    return model.eval().to(memory_format=torch.channels_last)
-
-
-def load_model(weights):
-    """What detect.py and export.py run: a .pt checkpoint -> (the model of model_from_checkpoint with
-    Conv+BN fused, the checkpoint's training args or {}). Fusing keeps the output; it makes inference
-    faster and leaves no training-only parts in an exported graph. A file that is not one of our
-    checkpoints: CheckpointError, one sentence."""
-    ckpt = load_checkpoint(weights)
-    return model_from_checkpoint(ckpt, weights).fuse(), ckpt.get("args") or {}

@@ -22,7 +22,8 @@ import torch.nn as nn
 import yaml
 
 import models.yolo
-from models.yolo import YOLO, model_from_checkpoint
+from models.weights import model_from_checkpoint
+from models.yolo import YOLO
 from utils.checkpoint import CheckpointError, load_checkpoint
 from utils.safe_unpickle import read_pickled_checkpoint
 from utils.shapes import make_shapes

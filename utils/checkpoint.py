@@ -1,8 +1,14 @@
-"""Checkpoints: written atomically, loadable with torch.load(weights_only=True), self-describing.
+"""Checkpoints: written atomically, loadable with torch.load(weights_only=True), self-describing; and the one
+place a .pt file is read (read_checkpoint), ours or Ultralytics'.
 
 A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts, so loading one from a
 stranger cannot run code. It holds what is needed to rebuild the model without the training
 command (scale, nc, names, imgsz); last.pt adds the whole training state for an exact resume.
+
+Reading goes down, never back: read_checkpoint opens the file once and tries torch.load(weights_only=True);
+a file of pickled objects (Ultralytics') is read from the same open file by utils/safe_unpickle.py and
+converted by utils/ultralytics_checkpoint.py, which only looks at what was read. models/weights.py builds
+the network from the result.
 """
 
 import glob
@@ -14,6 +20,7 @@ import numpy as np
 import torch
 
 from utils.general import atomic_write
+from utils.safe_unpickle import read_pickled_checkpoint
 from utils.ultralytics_checkpoint import convert_ultralytics
 
 FORMAT = "yolo-flat/1"
@@ -31,27 +38,46 @@ def save_checkpoint(ckpt, path):
     atomic_write(path, lambda f: torch.save(ckpt, f), fsync=True)
 
 
-def load_checkpoint(path, map_location="cpu"):
+def read_checkpoint(path, map_location="cpu"):
+    """(kind, contents) of a .pt file: kind "ours" (one of this repo's checkpoints) or "ultralytics" (their
+    YOLOv8 / YOLO11 / YOLO26 file, converted to the contents of ours). The file is opened and read once. A
+    missing, broken or foreign file: CheckpointError, one sentence that names it."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
-    try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)  # never unpickles code
-    except Exception as e:  # torch raises several types for broken or foreign files
-        if "Weights only load failed" not in str(e):
-            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            raise CheckpointError(f"{path} is not a checkpoint this repo can read ({reason})") from None
-        # Pickled Python objects, which torch refuses: an Ultralytics file (yolov8n.pt, yolo11s.pt, ...) is
-        # read with every class stubbed, so nothing from it runs; anything else is named and refused.
+    with open(path, "rb") as f:
         try:
-            return {"format": FORMAT, **convert_ultralytics(path)}
-        except ValueError as foreign:
-            raise CheckpointError(f"{path} {foreign}") from None
+            ckpt = torch.load(f, map_location=map_location, weights_only=True)  # never unpickles code
+        except Exception as e:  # torch raises several types for broken or foreign files
+            if "Weights only load failed" not in str(e):
+                reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                raise CheckpointError(f"{path} is not a checkpoint this repo can read ({reason})") from None
+            # Pickled Python objects, which torch refuses at the first class, before reading any tensor: an
+            # Ultralytics file (yolov8n.pt, yolo11s.pt, ...) is read again from the same open file with every
+            # class stubbed, so nothing from it runs; anything else is named and refused.
+            return "ultralytics", {"format": FORMAT, **_read_ultralytics(f, path)}
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(
             f"{path} is not a checkpoint of this repo (no '{FORMAT}' format tag); train one with train.py"
         )
-    return ckpt
+    return "ours", ckpt
+
+
+def _read_ultralytics(f, path):
+    f.seek(0)
+    try:
+        obj, calls = read_pickled_checkpoint(f)
+    except ValueError as broken:
+        raise CheckpointError(f"{path} is not a checkpoint this repo can read ({broken})") from None
+    try:
+        return convert_ultralytics(obj, calls)
+    except ValueError as foreign:
+        raise CheckpointError(f"{path} {foreign}") from None
+
+
+def load_checkpoint(path, map_location="cpu"):
+    """The contents of a .pt file, ours or Ultralytics' (read_checkpoint, without the kind)."""
+    return read_checkpoint(path, map_location)[1]
 
 
 def checkpoint_weights(ckpt):

@@ -12,7 +12,8 @@ middle way: a restricted unpickler that
 - records which names were *called* (a pickle's __reduce__ that wants to run os.system shows up there).
 
 What comes back is data to read: a stubbed nn.Module keeps its `_parameters`, `_buffers` and `_modules`
-in `.state`, which `module_tensors` walks like Module.state_dict() does.
+in `.state`, which utils/ultralytics_checkpoint.py walks like Module.state_dict() does. This module only reads;
+utils/checkpoint.py calls it on the file it opened, then hands the result to utils/ultralytics_checkpoint.py.
 
 A hostile file is bounded by its own size: only uncompressed (STORED) entries are read, as torch.save() writes
 them, and never more bytes than the file holds; a storage must have the bytes its reference claims; a tensor
@@ -211,12 +212,17 @@ class _RestrictedUnpickler(pickle.Unpickler):
         return storage.as_strided(size, stride, offset).clone()
 
 
-def read_pickled_checkpoint(path):
-    """(object, names called) from a torch.save() zip file, with every non-data class stubbed.
+def read_pickled_checkpoint(file):
+    """(object, names called) from a torch.save() zip file, with every non-data class stubbed. file: a path, or a
+    binary file object open for reading (utils/checkpoint.py passes the one it opened, so the file is opened once).
     Raises ValueError with a short reason, one line, for anything else, hostile files included."""
     try:
-        file_size = os.path.getsize(path)
-        archive = zipfile.ZipFile(path)
+        if isinstance(file, (str, os.PathLike)):
+            file_size = os.path.getsize(file)
+        else:
+            file_size = file.seek(0, os.SEEK_END)
+            file.seek(0)
+        archive = zipfile.ZipFile(file)
     except zipfile.BadZipFile:
         raise ValueError("not a zip archive (torch.save() writes one since PyTorch 1.6)") from None
     except Exception as e:  # a crafted central directory trips zipfile in other ways (struct, seek, ...)
@@ -242,23 +248,3 @@ def _read_archive(archive, entries):
         unpickler = _RestrictedUnpickler(f, entries, prefix)
         obj = unpickler.load()
     return obj, sorted(unpickler.calls)
-
-
-def named_modules(module, prefix=""):
-    """(name prefix, stub) of a stubbed nn.Module and of every module under it, like Module.named_modules."""
-    if isinstance(module, Stub):
-        yield prefix, module
-        for name, child in (module.state.get("_modules") or {}).items():
-            yield from named_modules(child, f"{prefix}{name}.")
-
-
-def module_tensors(module):
-    """The state_dict of a stubbed nn.Module: its parameters, persistent buffers and children's, by name."""
-    tensors = {}
-    for prefix, stub in named_modules(module):
-        skip = stub.state.get("_non_persistent_buffers_set") or set()
-        parameters, buffers = stub.state.get("_parameters") or {}, stub.state.get("_buffers") or {}
-        for name, value in [*parameters.items(), *((n, v) for n, v in buffers.items() if n not in skip)]:
-            if isinstance(value, torch.Tensor):
-                tensors[prefix + name] = value
-    return tensors

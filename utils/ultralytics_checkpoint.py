@@ -1,6 +1,7 @@
 """Ultralytics YOLOv8 / YOLO11 / YOLO26 checkpoints (yolov8n.pt ... yolo26x.pt, or a `yolo train` run's weights/*.pt)
 turned into this repo's checkpoint format, without the ultralytics package and without running code from
-the file (utils/safe_unpickle.py reads the pickle with every class stubbed).
+the file: utils/checkpoint.py reads the file (utils/safe_unpickle.py, every class stubbed) and hands what it read
+to `convert_ultralytics` here, which only looks at data.
 
 Their network is a list of layers `model.0 ... model.22` (YOLOv8) or `model.0 ... model.23` (YOLO11) whose
 inner names (conv, bn, cv1, cv2, m.0, attn.qkv, ...) are the ones models/yolo.py uses, so the conversion is
@@ -12,7 +13,7 @@ the scale from the widths, and loading the renamed weights into our model then c
 
 import torch
 
-from utils.safe_unpickle import Stub, module_tensors, named_modules, read_pickled_checkpoint, stub_name
+from utils.safe_unpickle import Stub, stub_name
 
 # Layer classes, in order, of each family's detection model.
 _V8 = "Conv Conv C2f Conv C2f Conv C2f Conv C2f SPPF Upsample Concat C2f Upsample Concat C2f Conv Concat C2f Conv "
@@ -62,6 +63,26 @@ def _describe(obj):
     return stub_name(obj) or type(obj).__name__
 
 
+def named_modules(module, prefix=""):
+    """(name prefix, stub) of a stubbed nn.Module and of every module under it, like Module.named_modules."""
+    if isinstance(module, Stub):
+        yield prefix, module
+        for name, child in (module.state.get("_modules") or {}).items():
+            yield from named_modules(child, f"{prefix}{name}.")
+
+
+def module_tensors(module):
+    """The state_dict of a stubbed nn.Module: its parameters, persistent buffers and children's, by name."""
+    tensors = {}
+    for prefix, stub in named_modules(module):
+        skip = stub.state.get("_non_persistent_buffers_set") or set()
+        parameters, buffers = stub.state.get("_parameters") or {}, stub.state.get("_buffers") or {}
+        for name, value in [*parameters.items(), *((n, v) for n, v in buffers.items() if n not in skip)]:
+            if isinstance(value, torch.Tensor):
+                tensors[prefix + name] = value
+    return tensors
+
+
 def our_weights(family, layers, model):
     """Their layers' tensors under our names, fp32; ValueError for what our modules would compute otherwise."""
     weights = {}
@@ -84,13 +105,10 @@ def our_weights(family, layers, model):
     return weights
 
 
-def convert_ultralytics(path):
-    """The contents of our checkpoint (scale, nc, names, imgsz, fp32 weights under our names, source) from an
-    Ultralytics .pt file. Anything else: ValueError whose message says what the file is, to follow its path."""
-    try:
-        obj, calls = read_pickled_checkpoint(path)
-    except ValueError as e:
-        raise ValueError(f"is not a checkpoint this repo can read ({e})") from None
+def convert_ultralytics(obj, calls):
+    """The contents of our checkpoint (scale, nc, names, imgsz, fp32 weights under our names, source) from what
+    utils.safe_unpickle.read_pickled_checkpoint read from an Ultralytics .pt file: the object and the names its
+    pickle called. Anything else: ValueError whose message says what the file is, to follow its path."""
     model = _find_model(obj)
     cls = stub_name(model)
     risky = [c for c in calls if c.split(".")[0] not in _DATA_MODULES]

@@ -1,0 +1,117 @@
+"""The detection head: per level, a box branch and a class branch (Detect), and the decoding of their maps into
+boxes in input pixels and class scores; YOLO26's one-to-one copy of both branches answers without NMS."""
+
+import copy
+import math
+
+import torch
+import torch.nn as nn
+
+from models.blocks import Conv
+from utils.boxes import dfl_decode, distances_to_boxes, make_anchors
+
+STRIDES = (8, 16, 32)
+
+
+class Detect(nn.Module):
+    """Decoupled head: per level, one branch predicts box side distances as distributions over
+    `reg_max` bins (DFL), the other class logits. Anchor-free: one prediction per grid cell.
+    light_cls (YOLO11): the class branch's 3x3 convs are depthwise, each followed by a 1x1.
+    cls_width: the class branch's width; 0 = the usual rule, which grows it with the class count up to 100.
+    reg_max=1 (YOLO26): no DFL, the box branch predicts the 4 distances directly.
+    end2end (YOLO26): a second copy of both branches, the one-to-one head, trained with one positive anchor per
+    object on features detached from the network (so its loss does not reshape them); in eval it alone answers,
+    and its top max_det (anchor, class) scores are the final detections: no NMS. Setting `end2end = False` on such
+    a head makes eval answer with the one-to-many branch instead, per anchor, for NMS (val.py / detect.py --nms).
+    """
+
+    max_det = 300  # end2end: detections per image
+
+    def __init__(self, nc, channels, reg_max=16, light_cls=False, cls_width=0, end2end=False):
+        super().__init__()
+        # one_to_one: the architecture (the loss trains both branches); end2end: which one answers in eval
+        self.nc, self.reg_max, self.one_to_one, self.end2end = nc, reg_max, end2end, end2end
+        self.strides = STRIDES
+        box_hidden = max(16, channels[0] // 4, reg_max * 4)
+        cls_hidden = cls_width or max(channels[0], min(nc, 100))
+        self.box = nn.ModuleList(
+            nn.Sequential(
+                Conv(c, box_hidden, 3), Conv(box_hidden, box_hidden, 3), nn.Conv2d(box_hidden, 4 * reg_max, 1)
+            )
+            for c in channels
+        )
+        if light_cls:
+            self.cls = nn.ModuleList(
+                nn.Sequential(
+                    nn.Sequential(Conv(c, c, 3, groups=c), Conv(c, cls_hidden, 1)),
+                    nn.Sequential(Conv(cls_hidden, cls_hidden, 3, groups=cls_hidden), Conv(cls_hidden, cls_hidden, 1)),
+                    nn.Conv2d(cls_hidden, nc, 1),
+                )
+                for c in channels
+            )
+        else:
+            self.cls = nn.ModuleList(
+                nn.Sequential(Conv(c, cls_hidden, 3), Conv(cls_hidden, cls_hidden, 3), nn.Conv2d(cls_hidden, nc, 1))
+                for c in channels
+            )
+        if end2end:
+            self.one2one_box, self.one2one_cls = copy.deepcopy(self.box), copy.deepcopy(self.cls)
+        self.register_buffer("bins", torch.arange(reg_max, dtype=torch.float32), persistent=False)
+        self.init_biases()
+
+    def init_biases(self, imgsz=640):
+        # Start with a low object prior (~5 objects per image) so early class loss is not swamped by negatives.
+        # Box: equal DFL logits whatever the value; without DFL, boxes 2 cells from the anchor on each side.
+        branches = [(self.box, self.cls)] + ([(self.one2one_box, self.one2one_cls)] if self.one_to_one else [])
+        for boxes, classes in branches:
+            for box, cls, s in zip(boxes, classes, self.strides):
+                nn.init.constant_(box[-1].bias, 1.0 if self.reg_max > 1 else 2.0)
+                nn.init.constant_(cls[-1].bias, math.log(5 / self.nc / (imgsz / s) ** 2))
+
+    return_maps = False  # eval mode: also return the raw maps (the per-epoch validation loss, no second forward)
+
+    def forward(self, feats):
+        both = self.training or self.return_maps  # else eval runs only the branch that answers
+        maps = self.branch(feats, self.box, self.cls) if both or not self.end2end else None
+        if self.one_to_one:
+            detached = [x.detach() for x in feats] if self.training else feats
+            one2one = self.branch(detached, self.one2one_box, self.one2one_cls) if both or self.end2end else None
+            maps = {"one2many": maps, "one2one": one2one}
+        if self.training:
+            return maps
+        if self.end2end:
+            out = self.top_detections(self.decode(maps["one2one"]))
+        else:
+            out = self.decode(maps["one2many"] if self.one_to_one else maps)
+        return (out, maps) if self.return_maps else out
+
+    @staticmethod
+    def branch(feats, boxes, classes):
+        """One copy of the head on the 3 levels: per level, the box outputs then the class logits."""
+        return [torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(feats, boxes, classes)]
+
+    def decode(self, maps):
+        """Raw maps -> (batch, anchors, 4 + nc): xyxy boxes in input pixels and class probabilities.
+        Always float32, also for a half model (val.py --half, export.py --half) or inside autocast (the
+        per-epoch metric): fp16 holds pixel coordinates above 512 only to 0.5 px (above 1024 to 1 px), and
+        its DFL expectation is up to ~0.01 cell off (0.27 px at stride 32), so fp16 boxes were up to 0.5 px
+        off at 640 and 0.7 px at 1280, enough to move a match across the high IoU thresholds of mAP50-95."""
+        with torch.autocast(maps[0].device.type, enabled=False):  # autocast would run the DFL matmul in fp16
+            anchors, strides = make_anchors(maps, self.strides)
+            flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2).float()  # batch, anchors, 4*reg_max + nc
+            distri, logits = flat.split((4 * self.reg_max, self.nc), 2)
+            distances = dfl_decode(distri, self.bins) if self.reg_max > 1 else distri
+            boxes = distances_to_boxes(distances, anchors) * strides
+            return torch.cat((boxes, logits.sigmoid()), 2)
+
+    def top_detections(self, decoded):
+        """(batch, anchors, 4 + nc) -> (batch, k, 6) x1 y1 x2 y2 score class, best first, k = min(max_det, anchors):
+        the k best (anchor, class) pairs among the k anchors with the best top class (as Ultralytics' end-to-end
+        head, so that its checkpoints give its detections); an anchor may appear once per class."""
+        boxes, scores = decoded.split((4, self.nc), 2)
+        k = min(self.max_det, scores.shape[1])
+        anchors = scores.amax(2).topk(k, 1).indices  # b, k
+        scores = scores.gather(1, anchors.unsqueeze(-1).expand(-1, -1, self.nc))  # b, k, nc
+        best, index = scores.flatten(1).topk(k, 1)  # b, k over the k x nc pairs
+        boxes = boxes.gather(1, anchors.gather(1, index // self.nc).unsqueeze(-1).expand(-1, -1, 4))
+        return torch.cat((boxes, best.unsqueeze(-1), (index % self.nc).unsqueeze(-1).to(boxes.dtype)), 2)

@@ -1,0 +1,126 @@
+"""Weights files -> models: the one entry through which train.py, val.py, detect.py, export.py and
+models/predict.py load weights.
+
+    from models.weights import load_weights
+
+    loaded = load_weights("best.pt")  # or yolo11n.pt (Ultralytics'), best.onnx, best_openvino_model/, ...
+    loaded.kind   # "ours", "ultralytics", or the export format's name (utils/export_formats.py): "onnx", ...
+    loaded.model  # a .pt: the YOLO network (eval, fused); an exported file: utils.inference's model dict
+
+The path goes down once: load_weights -> utils/checkpoint.py read_checkpoint, which opens and reads the file
+once (torch.load(weights_only=True); Ultralytics' pickled objects through utils/safe_unpickle.py, then
+utils/ultralytics_checkpoint.py) -> model_from_checkpoint here, which builds models.yolo.YOLO. A file or folder
+export.py wrote (told by its suffix, utils/export_formats.py) goes to utils.inference.load_exported instead.
+
+A module of its own because train.py needs a checkpoint without the inference code of models/predict.py, and
+models/yolo.py stays the network alone. Also here: what fine-tuning takes from a checkpoint (architecture,
+class_width, box_bins, initialise_from).
+"""
+
+from typing import NamedTuple
+
+import torch
+
+from models.yolo import SCALES, YOLO
+from utils.checkpoint import FORMAT, CheckpointError, checkpoint_weights, read_checkpoint
+from utils.export_formats import format_of
+from utils.inference import load_exported
+
+
+class Weights(NamedTuple):
+    """What a weights file turned out to be (kind), and what load_weights built from it.
+    checkpoint: a .pt's contents (utils/checkpoint.py: scale, nc, names, imgsz, model, args, ...); None for an
+    exported file. model: a .pt's network (models.yolo.YOLO in eval, Conv+BN fused), or the dict of
+    utils.inference.load_exported for an exported file; None when load_weights was asked not to build."""
+
+    kind: str
+    checkpoint: dict | None
+    model: object
+
+    @property
+    def train_args(self):
+        """The arguments of the run that trained a .pt of ours (data, single_cls, ...); {} otherwise."""
+        return (self.checkpoint or {}).get("args") or {}
+
+
+def load_weights(path, device="cpu", build=True):
+    """A weights file -> Weights(kind, checkpoint, model): one of our checkpoints, an Ultralytics .pt (YOLOv8,
+    YOLO11, YOLO26) or a file exported by export.py, each read once. device: where the model runs (a .pt's
+    network is built on the CPU, fused, then moved). build=False: a .pt's checkpoint only, no network (train.py
+    builds its own for the dataset's classes); an exported file then is refused, it holds no checkpoint.
+    A missing, broken or foreign file: CheckpointError (a ValueError), one sentence that names the file."""
+    exported = format_of(path)  # a file or folder export.py writes, told by its suffix; anything else is a .pt
+    if exported and not build:
+        raise CheckpointError(
+            f"{path} is an exported {exported.title} model; give the .pt checkpoint it was exported from"
+        )
+    if exported:
+        return Weights(exported.name, None, load_exported(path, torch.device(device)))
+    kind, checkpoint = read_checkpoint(path)
+    # fused: the output is the same, inference is faster and an exported graph has no training-only parts
+    model = model_from_checkpoint(checkpoint, path).fuse().to(device) if build else None
+    return Weights(kind, checkpoint, model)
+
+
+def model_from_checkpoint(ckpt, source=""):
+    """Rebuild the network from a checkpoint (its contents, or a path), with the EMA weights when it has
+    them (last.pt), else its only weights (best.pt holds EMA weights). Returned in eval mode and in
+    channels_last layout (10-20% faster convolutions on CPU and CUDA), with `names` and `imgsz`
+    attached. A checkpoint that cannot be built: CheckpointError, one sentence."""
+    if not isinstance(ckpt, dict):
+        ckpt, source = read_checkpoint(ckpt)[1], ckpt
+    try:
+        weights = checkpoint_weights(ckpt)
+        model = YOLO(ckpt["scale"], ckpt["nc"], cls_width=class_width(weights), reg_max=box_bins(weights))
+        model.load_state_dict(weights)
+        model.names, model.imgsz = ckpt["names"], ckpt["imgsz"]
+    except (KeyError, RuntimeError, ValueError, TypeError) as e:
+        detail = " ".join(str(e).split())[:200]
+        raise CheckpointError(
+            f"{source or 'the checkpoint'} has the '{FORMAT}' tag but holds no model this code can build "
+            f"({type(e).__name__}: {detail})"
+        ) from None
+    return model.eval().to(memory_format=torch.channels_last)
+
+
+def architecture(model_arg, reg_max=0, resume_ckpt=None, init_ckpt=None):
+    """The network a run builds, (scale, reg_max): a resumed run's, that of the .pt given as --model, or --model
+    itself with --reg-max (0: the family's)."""
+    ckpt = resume_ckpt or (init_ckpt if model_arg.endswith(".pt") else None)
+    if ckpt:
+        return ckpt["scale"], box_bins(checkpoint_weights(ckpt))
+    if model_arg not in SCALES:
+        raise ValueError(f"--model {model_arg}: give one of {', '.join(SCALES)} or a .pt file")
+    if reg_max < 0:
+        raise ValueError(f"--reg-max {reg_max}: give 0 (the family's), 1 (no DFL) or the DFL bins per side (16)")
+    return model_arg, reg_max
+
+
+def class_width(weights):
+    """The class branch's width in a state dict (the input width of its last conv)."""
+    return weights["head.cls.0.2.weight"].shape[1]
+
+
+def box_bins(weights):
+    """The box branch's bins per side (reg_max) in a state dict: its last conv has 4 of them per anchor."""
+    return weights["head.box.0.2.weight"].shape[0] // 4
+
+
+def load_matching(model, weights):
+    """Copy every tensor of `weights` whose name and shape match the model's (fine-tuning from another
+    class count or model). Returns the names of the model's tensors left as they were."""
+    own = model.state_dict()
+    matching = {k: v for k, v in weights.items() if k in own and own[k].shape == v.shape}
+    model.load_state_dict(matching, strict=False)
+    return [k for k in own if k not in matching]
+
+
+def initialise_from(model, ckpt, path):
+    """Fine-tuning: copy the checkpoint's tensors that match (load_matching); returns the sentence that says what
+    transferred and what starts fresh."""
+    fresh, total = load_matching(model, checkpoint_weights(ckpt)), len(model.state_dict())
+    starting_fresh = f"; starting fresh: {', '.join(fresh[:6])}{' ...' * (len(fresh) > 6)}" if fresh else ""
+    return (
+        f"initialised {total - len(fresh)}/{total} tensors from {path} ({ckpt.get('source', 'this repo')}, "
+        f"model {ckpt['scale']}, {ckpt['nc']} classes){starting_fresh}"
+    )
