@@ -6,8 +6,9 @@
     torchrun --nproc_per_node 8 train.py --data coco.yaml --batch 256
     python train.py --resume                                # newest runs/train/*/weights/last.pt
 
-In order: the hyperparameters (HYP; each is also a flag: --lr0 0.02) and the command line; Settings, resolved
-once (resume, devices, the dataset's defaults, --batch -1, the optimizer; then args.yaml, and args is read-only);
+In order: the command line (every hyperparameter of utils/hyperparameters.py is also a flag: --lr0 0.02); Settings,
+resolved once (resume, devices, the dataset's defaults, --batch -1, the optimizer; each value that is not --help's
+default is printed with its source and written so in args.yaml; after that args is read-only);
 the model, EMA, optimizer, loss; the Loop state (what last.pt saves, restored on resume) beside training_state;
 the data loaders; a micro-step's pieces (to_device, forward_loss, backward, skip_step); the loop (Warmup,
 Forward/Backward, Step, Save/stop, Log; then validation and results.csv); the final evaluation. Helpers: utils/.
@@ -16,17 +17,17 @@ Forward/Backward, Step, Save/stop, Log; then validation and results.csv); the fi
 import argparse
 import contextlib
 import json
+import math
 import sys
 import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-import yaml
 from tqdm import tqdm
 
-from models.yolo import YOLO, architecture, class_width, count_gflops, count_parameters, initialise_from
-from utils import monitor, tracking  # results.csv, TensorBoard, --profile, --benchmark, progress lines; --mlflow
+from models.weights import architecture, class_width, initialise_from, load_weights
+from models.yolo import YOLO, count_gflops, count_parameters
+from utils import monitor, settings, tracking  # results.csv, TensorBoard, progress lines; how a setting is resolved
 from utils.autobatch import batch_from_memory
 from utils.checkpoint import (
     FORMAT,
@@ -41,61 +42,48 @@ from utils.data import (
     EpochBatchSampler,
     TrainDataset,
     ValDataset,
+    batch_to_device,
     fix_cv2_and_file_limits,
     make_loader,
     multi_scale_max,
     multi_scale_size,
 )
 from utils.dataset_yaml import DatasetError, load_dataset_yaml
-from utils.distributed import amp_dtype_for, any_rank, barrier, make_run_dir, node_share, setup_distributed, wrap_ddp
+from utils.distributed import (
+    amp_settings,
+    any_rank,
+    barrier,
+    make_run_dir,
+    node_share,
+    setup_distributed,
+    sync_batchnorm,
+    wrap_ddp,
+)
 from utils.ema import ModelEMA, unwrap
-from utils.evaluate import FITNESS, VAL_LOSSES, epoch_metrics, evaluate, format_table
+from utils.evaluate import FITNESS, epoch_metrics, evaluate, format_table
 from utils.faults import StopRequest, abort_run, install_crash_handler, realign_ddp, too_large_batch
 from utils.general import seed_everything, setup_logging
+from utils.hyperparameters import HYP  # the learning-rate, loss and augmentation defaults: one table, each a flag
 from utils.images import cache_images
 from utils.labels import load_verified, select_records
 from utils.loss import DetectionLoss, resolve_class_weights
 from utils.optim import accumulation_windows, build_optimizer, load_optimizer_state, optimizer_step, set_learning_rate
 from utils.plots import in_background, plot_batch, plot_evaluation, plot_labels, plot_results
-from utils.settings import apply_dataset_defaults, default_workers, explicit_flags, resume_arguments, resumed_batch
 
-# -----------------------------------------------------------------------------------------------
-# Hyperparameters (each is also a flag: --lr0 0.02, --close-mosaic 5, ...)
-HYP = dict(
-    optimizer="auto",  # sgd | adamw | musgd (YOLO26's) | auto = adamw for runs under 10k iterations, sgd otherwise
-    lr0=0.0,  # initial learning rate; 0 = the optimizer's usual value (sgd 0.01, adamw 0.002)
-    lrf=0.01,  # final learning rate = lr0 * lrf
-    schedule="linear",  # linear | cosine decay after warmup
-    momentum=0.937,  # SGD momentum / AdamW beta1
-    weight_decay=5e-4,  # scaled by (batch * accumulate / nominal_batch)
-    warmup_epochs=3.0,  # at least 100 iterations
-    warmup_momentum=0.8, warmup_bias_lr=0.1,  # biases start high and come down, with adamw too (RESULTS: ablation)
-    nominal_batch=64,  # gradients are accumulated until a step has seen this many images
-    accumulate_warmup=1,  # accumulation ramps from 1 micro-batch to the full count over the warmup (0: off)
-    clip_grad=10.0,  # max gradient norm
-    box=7.5, cls=0.5, dfl=1.5,  # loss gains
-    cls_weights="",  # per-class weights of the class term: auto (inverse frequency in the train labels) | w1,w2,...
-    o2m_final=0.1,  # YOLO26 ProgLoss: one-to-many loss weight in the last epoch (0.8 in the first; 0.8 = constant)
-    tiny_box=8.5,  # assigner: box sides under this count as this long when picking anchors (8.5: one stride-8 centre)
-    hsv_h=0.015, hsv_s=0.7, hsv_v=0.4,  # augmentation: HSV jitter fractions
-    degrees=0.0, translate=0.1, scale=0.5, shear=0.0,  # affine: rotation deg, shift fraction, scale gain, shear deg
-    flipud=0.0, fliplr=0.5, mosaic=1.0,  # probabilities
-    mosaic_min_area=0.1,  # a box the mosaic cuts to under this fraction of its area is dropped (0: only empty ones)
-    mixup=0.0,
-    close_mosaic=10,  # no mosaic in the last N epochs: finish on images that look like test images
-    ema_decay=0.9999, ema_tau=2000,  # EMA decay ramps up over ~tau updates
-)  # fmt: skip
 MAX_NONFINITE_STEPS = 5  # optimizer steps in a row with NaN/Inf gradients before the run stops and writes crash/
 MAX_OOM_STEPS = 3  # optimizer steps in a row lost to out-of-memory before the run stops (--batch is too large)
-METRICS = ("precision", "recall", "mAP50", "mAP50-95", *VAL_LOSSES)  # results.csv: losses, these, lr, time, faults
 FAULTS = ("assign_on_cpu", "oom_skipped_steps", "nonfinite_skipped_steps")
-COLUMNS = ("epoch", "box_loss", "cls_loss", "dfl_loss", *METRICS, "lr", "seconds", *FAULTS)
 
 # -----------------------------------------------------------------------------------------------
 # Command line
 # allow_abbrev=False: "--epo 3" must not slip past explicit_flags and be overridden by the dataset's defaults
 parser = argparse.ArgumentParser(
-    description="Train a YOLO detector", formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False
+    description="Train a YOLO detector",
+    epilog="The defaults shown are the parser's: a dataset yaml's `defaults:` (data/shapes.yaml sets imgsz and "
+    "epochs) and a resumed run's arguments change them; a run prints each value that differs with its source, and "
+    "writes it so in args.yaml.",
+    formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    allow_abbrev=False,
 )
 add = parser.add_argument
 add("--data", default="data/shapes.yaml", help="dataset yaml")
@@ -134,14 +122,17 @@ for key, value in HYP.items():
     names = [f"--{key}"] + ([f"--{key.replace('_', '-')}"] if "_" in key else [])
     add(*names, dest=key, type=type(value), default=value, help="hyperparameter")
 args = parser.parse_args()
-given_flags = explicit_flags(parser, sys.argv[1:])
+given_flags = settings.explicit_flags(parser, sys.argv[1:])
+sources = dict.fromkeys(given_flags, "command line")  # where each value that is not --help's default came from
 
 # -----------------------------------------------------------------------------------------------
 # Settings, resolved once: a resumed run's arguments, the devices, the dataset yaml's defaults, the batch, the
 # optimizer and its lr0. args.yaml records the result; `args` is not written after it.
 fix_cv2_and_file_limits()  # pitfalls D6-D7: file descriptors and cv2's threads (and again in every data-loader worker)
-try:  # --resume: the saved arguments, with this machine's devices and workers (and --batch, --amp where given)
-    args, resume_ckpt = resume_arguments(parser, args, given_flags)  # resume_ckpt: the last.pt continued, or None
+# --resume: the saved arguments, with this machine's devices and workers (and --batch, --amp where given);
+# resume_ckpt: the last.pt continued, or None
+try:
+    args, resume_ckpt = settings.resume_arguments(parser, args, given_flags, sources)
 except ValueError as e:  # CheckpointError too
     sys.exit(f"--resume: {e}")
 if args.mlflow and not tracking.mlflow_installed():  # optional: said before anything is written
@@ -150,11 +141,12 @@ if args.mlflow and not tracking.mlflow_installed():  # optional: said before any
 device, rank, local_rank, world_size, flags_group = setup_distributed(args.device)
 is_main = rank == 0
 # resumed on another number of GPUs: the same images per GPU and per optimizer step
-args.batch, args.accumulate = resumed_batch(args, resume_ckpt, world_size, "batch" in given_flags)
+args.batch, args.accumulate = settings.resumed_batch(args, resume_ckpt, world_size, "batch" in given_flags)
 node = node_share(local_rank, world_size)  # this machine's processes: they share its cores and the RAM cache
 if args.workers is None:  # every core feeds the GPUs: the processes of this node share them
-    args.workers = default_workers(node.local_world_size, most=8)
+    args.workers, sources["workers"] = settings.default_workers(node.local_world_size, most=8), "this machine's cores"
 run_dir = make_run_dir(args.out, is_main, world_size)
+sources.setdefault("out", "the next free run folder")
 args.out = str(run_dir)
 log = setup_logging(run_dir / "train.log" if is_main else None, rank)
 crash_context = {"args": vars(args), "epoch": None, "iteration": None, "last_checkpoint": None, "batch": None}
@@ -165,12 +157,12 @@ try:  # rank 0 verifies the labels and writes the label cache; the others then r
     if not is_main:
         barrier(world_size, flags_group)
     data = load_dataset_yaml(args.data)
-    train_records = load_verified(data["train"], data["nc"], "train", default_workers(node.local_world_size))
-    val_records = load_verified(data["val"], data["nc"], "val", default_workers(node.local_world_size))
+    train_records = load_verified(data["train"], data["nc"], "train", settings.default_workers(node.local_world_size))
+    val_records = load_verified(data["val"], data["nc"], "val", settings.default_workers(node.local_world_size))
     if is_main:
         barrier(world_size, flags_group)
     if not resume_ckpt:  # a resumed run keeps the settings it started with
-        apply_dataset_defaults(args, parser, data, given_flags)
+        settings.apply_dataset_defaults(args, parser, data, given_flags, sources)
     train_records, val_records, names, nc = select_records(
         train_records, val_records, data["names"], args.subset, args.fraction, args.single_cls
     )
@@ -179,6 +171,8 @@ except DatasetError as e:
 if args.imgsz % 32:
     sys.exit(f"--imgsz {args.imgsz} must be a multiple of 32 (the largest stride)")
 try:  # auto: counted over the training boxes, then kept as numbers (args.yaml, last.pt): a resume weighs the same
+    if args.cls_weights == "auto":
+        sources["cls_weights"] = "--cls-weights auto: inverse class frequency in the train labels"
     args.cls_weights, class_weights = resolve_class_weights(args.cls_weights, train_records.labels[:, 0], nc)
 except ValueError as e:
     sys.exit(f"error: {e}")
@@ -186,33 +180,32 @@ except ValueError as e:
 # The architecture: the resumed run's, the .pt given as --model's, or a scale. --weights (or a .pt --model)
 # initialises the tensors that match (ours or an Ultralytics .pt, read without running code from it).
 init_path = args.model if args.model.endswith(".pt") else args.weights
-try:
-    init_ckpt = load_checkpoint(init_path) if init_path and not resume_ckpt else None  # a resume has its own
+try:  # a resume has its own weights; an exported file (.onnx, ...) is refused in one sentence
+    init_ckpt = load_weights(init_path, build=False).checkpoint if init_path and not resume_ckpt else None
     scale, reg_max = architecture(args.model, args.reg_max, resume_ckpt, init_ckpt)
 except (CheckpointError, ValueError) as e:
     sys.exit(f"error: {e}")
 
-use_amp = args.amp if args.amp is not None else device.type == "cuda"
-amp_dtype = amp_dtype_for(device, args.amp_dtype)  # auto: bf16 where the hardware has it, else fp16
+use_amp, amp_dtype = amp_settings(device, args.amp, args.amp_dtype)  # auto: bf16 where the hardware has it, else fp16
 if args.batch == -1:  # measured on the GPU with a model of this run's size (utils/autobatch.py)
     probe = YOLO(scale, nc, args.checkpoint_activations, reg_max=reg_max).to(device, memory_format=torch.channels_last)
     largest, amp = multi_scale_max(args.imgsz) if args.multi_scale else args.imgsz, amp_dtype if use_amp else None
     args.batch = batch_from_memory(probe, largest, device, amp, world_size, parser.get_default("batch"))
-    probe = None
+    probe, sources["batch"] = None, "--batch -1: measured in the free GPU memory"
 if args.batch < 1 or args.batch % world_size:
     sys.exit(f"--batch {args.batch} must be positive and divisible by the {world_size} processes, or -1 (measured)")
 batch = args.batch // world_size  # --batch is the total over all GPUs
 accumulate = args.accumulate or max(round(args.nominal_batch / args.batch), 1)
 weight_decay = args.weight_decay * args.batch * accumulate / args.nominal_batch
-# Adam-style for short runs, SGD for long ones, as Ultralytics' "auto"; it counts optimizer steps (batches of
-# max(batch, nominal_batch)), this counts batches: SGD from 4x shorter runs at batch 16 (unmeasured; see RESULTS.md)
-if args.optimizer == "auto":
-    args.optimizer = "adamw" if args.epochs * -(-len(train_records) // args.batch) < 10_000 else "sgd"
-if args.optimizer not in ("sgd", "adamw", "musgd"):
-    sys.exit(f"--optimizer {args.optimizer}: give sgd, adamw, musgd or auto")
-args.lr0 = args.lr0 or {"sgd": 0.01, "adamw": 0.002, "musgd": 0.01}[args.optimizer]
-if is_main:  # every setting as this run resolved it: flags, dataset defaults, optimizer choice
-    (run_dir / "args.yaml").write_text(yaml.safe_dump(vars(args), sort_keys=False))
+try:  # auto: adamw for short runs, sgd for long ones; lr0 0: the optimizer's usual rate
+    args.optimizer, args.lr0 = settings.resolve_optimizer(
+        args.optimizer, args.lr0, args.epochs * math.ceil(len(train_records) / args.batch), sources
+    )
+except ValueError as e:
+    sys.exit(str(e))
+if is_main:  # every setting as this run resolved it, and where it came from when not --help's default
+    log.info(settings.sources_line(parser, args, sources))
+    (run_dir / "args.yaml").write_text(settings.args_yaml(parser, args, sources))
 
 # -----------------------------------------------------------------------------------------------
 # Model, EMA, optimizer, loss
@@ -226,16 +219,17 @@ if init_ckpt:
 for name, p in model.named_parameters():
     p.requires_grad_(not any(name.startswith(prefix) for prefix in args.freeze.split(",") if prefix))
 model.to(device, memory_format=torch.channels_last)  # oneDNN's and cuDNN's fastest layout (~12% per step on a CPU)
-if args.sync_bn and world_size > 1 and device.type == "cpu":
-    log.warning("--sync-bn: torch's SyncBatchNorm has no CPU kernel; each process keeps its own BN statistics")
-elif args.sync_bn and world_size > 1:
-    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # pitfall M3: torch's own, current SyncBN
+if args.sync_bn and world_size > 1:
+    model = sync_batchnorm(model, device)  # pitfall M3: torch's own, current SyncBN
 ema = ModelEMA(model, args.ema_decay, args.ema_tau) if is_main else None  # rank 0 alone validates and saves it
 optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weight_decay)
 # fp16 only (bf16 has fp32's range); its scale goes into last.pt (pitfall T1: else a resume searches it again)
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
 loss_settings = dict(tiny_box=args.tiny_box, class_weights=class_weights, epochs=args.epochs, o2m_final=args.o2m_final)
 loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl, **loss_settings)
+# results.csv's columns; the loss names its parts (loss_fn.names: box, cls, and dfl, or l1 for a model without DFL)
+METRICS = ("precision", "recall", "mAP50", "mAP50-95", *loss_fn.val_columns)
+COLUMNS = ("epoch", *loss_fn.columns, *METRICS, "lr", "seconds", *FAULTS)
 
 # -----------------------------------------------------------------------------------------------
 # Loop state: what the loop carries from one step to the next. last.pt saves it (training_state, below) and a
@@ -243,6 +237,7 @@ loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl, **loss_setting
 start_epoch, start_iteration = 0, 0  # where the loop starts: a resumed run skips what it trained
 best_fitness, best_epoch = -1.0, 0  # best.pt and --patience
 in_a_row = {"oom": 0, "nonfinite": 0}  # optimizer steps skipped in a row, by cause: too many stop the run
+faults = dict.fromkeys(FAULTS, 0)  # this epoch's skipped steps and CPU assignments, by cause (results.csv)
 if resume_ckpt:
     model.load_state_dict(resume_ckpt["model"])
     if ema:
@@ -303,15 +298,13 @@ warmup_iterations = max(round(args.warmup_epochs * nb), 100) if args.warmup_epoc
 # Look before training: shifted, swapped or mislabelled boxes show in labels.jpg (drawn in a thread).
 if is_main and not resume_ckpt:
     in_background(plot_labels, train_records, names, run_dir / "labels.jpg")
-network = f"{count_parameters(unwrap(model)) / 1e6:.2f} M parameters, {count_gflops(unwrap(model), 640):.1f} GFLOPs@640"
-ramp = " (from 1 over the warmup)" * bool(args.accumulate_warmup)
-summary = [f"model {scale}: {network}", f"{len(train_records)} train / {len(val_records)} val images, {nc} classes"]
-summary += [f"{args.epochs} epochs at {args.imgsz} px, batch {args.batch} x accumulate {accumulate}{ramp}"]
-summary += [f"{args.optimizer} lr0 {args.lr0}", f"{device}" + f" x {world_size} processes" * (world_size > 1)]
-summary += [f"amp {str(amp_dtype).split('.')[-1]}"] * use_amp + [f"{args.workers} loader workers"]
-if class_weights:
-    summary += ["class weights " + ", ".join(f"{n} {w:.3g}" for n, w in zip(names, class_weights))]
-log.info(" | ".join(summary))
+network = f"model {scale}: {count_parameters(unwrap(model)) / 1e6:.2f} M parameters, "
+network += f"{count_gflops(unwrap(model), 640):.1f} GFLOPs@640"
+images = f"{len(train_records)} train / {len(val_records)} val images, {nc} classes"
+amp_name = str(amp_dtype).split(".")[-1] if use_amp else ""
+log.info(
+    monitor.run_summary(network, images, args, accumulate, f"{device}", world_size, amp_name, names, class_weights)
+)
 stop_request = StopRequest()  # SIGTERM / Ctrl+C: save last.pt after this step, exit 0
 results_csv = run_dir / "results.csv"
 if is_main:  # a resumed run keeps its rows up to its last save (a killed run may have written more)
@@ -324,21 +317,6 @@ benchmark = monitor.Benchmark(args.benchmark, args.batch, args.imgsz, device) if
 
 # -----------------------------------------------------------------------------------------------
 # One micro-step's pieces, and what a skipped optimizer step does
-def to_device(images, targets, iteration):
-    """pitfall D3: uint8 RGB -> 0..1, last, on the device. The targets stay on the host: the loss pads them there
-    and copies them over without a sync (a blocking targets.to(device) waits for the GPU). --multi-scale: the
-    size is a multiple of 32 and a pure function of (seed, iteration), so all ranks agree (pitfall M4)."""
-    # the training batch comes channels_last (HWC samples): .float() keeps the layout, .contiguous() copies nothing
-    images = images.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=torch.channels_last)
-    if args.multi_scale:
-        size = multi_scale_size(args.imgsz, args.seed, iteration)
-        if size != images.shape[-1]:
-            # a new tensor: crash/ keeps the original
-            targets = torch.cat((targets[:, :2], targets[:, 2:] * (size / images.shape[-1])), 1)
-            images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
-    return images, targets
-
-
 def forward_loss(images, targets, last_micro_step):
     """Forward under autocast; the loss in fp32 (utils/loss.py, which also redoes the label assignment on the CPU
     when that alone runs out of memory). Returns (loss, parts), or None when the forward ran out of memory (the
@@ -393,8 +371,9 @@ for epoch in range(start_epoch, args.epochs):
     loss_fn.epoch = epoch  # ProgLoss (end-to-end heads): a pure function of the epoch, nothing to save for resume
     epoch_start = time.time()
     first = start_iteration if epoch == start_epoch else 0
-    sums, window_sums = torch.zeros(3, device=device), torch.zeros(3, device=device)  # read once per optimizer step
-    faults = dict.fromkeys(FAULTS, 0)
+    sums = torch.zeros(len(loss_fn.names), device=device)  # one per loss part; read once per optimizer step
+    window_sums = torch.zeros_like(sums)
+    faults.update(dict.fromkeys(FAULTS, 0))
     batches_done, window_batches, window_dropped = 0, 0, False
     assignments_on_cpu_before = loss_fn.assignments_on_cpu
     lr = optimizer.param_groups[-1]["lr"]  # (a run resumed at the very end of an epoch trains no step in it)
@@ -413,7 +392,9 @@ for epoch in range(start_epoch, args.epochs):
         lr = set_learning_rate(optimizer, iteration, epoch, vars(args), args.epochs, warmup_iterations)
         if is_main and iteration < 3 and not args.benchmark:  # the augmented batches as the model sees them
             in_background(plot_batch, images.clone(), targets.clone(), names, run_dir / f"train_batch{iteration}.jpg")
-        images, targets = to_device(images, targets, iteration)
+        # --multi-scale: a multiple of 32, a pure function of (seed, iteration): all ranks agree (pitfall M4)
+        size = multi_scale_size(args.imgsz, args.seed, iteration) if args.multi_scale else None
+        images, targets = batch_to_device(images, targets, device, size)
         last_micro_step = i in windows
 
         # Forward, then Backward. An out-of-memory in either drops the rest of this accumulation window.
@@ -467,7 +448,8 @@ for epoch in range(start_epoch, args.epochs):
         if is_main:
             memory = torch.cuda.memory_reserved(device) / 2**30 if device.type == "cuda" else 0
             rate = (i + 1 - first) * args.batch / (time.time() - epoch_start)
-            progress.set_postfix_str(monitor.progress_text((sums / max(batches_done, 1)).tolist(), lr, memory, rate))
+            means = (sums / max(batches_done, 1)).tolist()
+            progress.set_postfix_str(monitor.progress_text(loss_fn.names, means, lr, memory, rate))
     if profiler:
         profiler.stop()
         profiler = None
@@ -491,12 +473,9 @@ for epoch in range(start_epoch, args.epochs):
         row = [epoch + 1, *losses, *(metrics[k] for k in METRICS), lr, time.time() - epoch_start, *faults.values()]
         monitor.append_results_row(results_csv, row)
         plot_results(results_csv, run_dir / "results.png")
-        if tensorboard:
-            for column, value in zip(COLUMNS[1:], row[1:]):
-                tensorboard.add_scalar(column, value, epoch + 1)
-        if mlflow_run:
-            mlflow_run.log_epoch(dict(zip(COLUMNS[1:], row[1:])), epoch + 1)
-        log.info(monitor.epoch_line(epoch + 1, args.epochs, losses, metrics, time.time() - epoch_start, faults))
+        monitor.log_epoch(tensorboard, mlflow_run, dict(zip(COLUMNS[1:], row[1:])), epoch + 1)
+        seconds = time.time() - epoch_start
+        log.info(monitor.epoch_line(epoch + 1, args.epochs, loss_fn.names, losses, metrics, seconds, faults))
         save_last(epoch + 1, 0)
     # --patience: rank 0 saw the fitness; the vote is also the barrier where the other ranks wait for it
     patience_over = is_main and args.patience > 0 and epoch + 1 - best_epoch >= args.patience and not final_epoch

@@ -38,7 +38,7 @@ def ours_raw(weights, inputs, out):
     sys.path.insert(0, str(REPO))
     import torch
 
-    from models.yolo import model_from_checkpoint
+    from models.weights import model_from_checkpoint
 
     model, x, result = model_from_checkpoint(weights).float(), torch.load(inputs, weights_only=True), {}
     model.head.return_maps = True

@@ -26,11 +26,11 @@ def synchronize(device):
 def predict_dataset(model, loader, device, conf=0.001, iou=0.7, max_det=300, half=False, loss_fn=None):
     """Detections of every validation image in original pixels: dict dataset index -> (n, 6) array
     of x1 y1 x2 y2 score class. Also the time per image of each stage, in ms, and with `loss_fn` (train.py's
-    DetectionLoss) the mean validation loss parts (box, cls, dfl) from the same forward's raw maps, else None.
+    DetectionLoss) the mean validation loss parts (loss_fn.names) from the same forward's raw maps, else None.
     model: a PyTorch nn.Module (training), or a model dict of utils/inference.py (val.py, export.py's gate: any
     format, a .pt wrapped by from_pytorch included)."""
     results, seconds, images = {}, np.zeros(3), 0
-    loss_sum, batches = torch.zeros(3, device=device), 0
+    loss_sum, batches = torch.zeros(len(loss_fn.names) if loss_fn is not None else 0, device=device), 0
     if loss_fn is not None:
         model.head.return_maps = True
     try:
@@ -263,7 +263,6 @@ def confusion_matrix(results, records, nc, conf=0.25, iou=0.45):
     return matrix
 
 
-VAL_LOSSES = ("val_box_loss", "val_cls_loss", "val_dfl_loss")
 FITNESS = {  # --fitness: what picks best.pt and drives --patience
     "map": lambda m: m["mAP50-95"],
     "map50": lambda m: m["mAP50"],
@@ -273,12 +272,12 @@ FITNESS = {  # --fitness: what picks best.pt and drives --patience
 
 def epoch_metrics(model, loader, nc, device, half=False, max_det=300, loss_fn=None):
     """The validation after each epoch: {precision, recall, mAP50, mAP50-95} by fast_map (COCO's rules in numpy,
-    seconds on COCO val where pycocotools takes a minute), and with `loss_fn` the validation losses (val_box_loss,
-    val_cls_loss, val_dfl_loss: overfitting shows as these rising while the training losses fall). It only picks
-    best.pt and fills results.csv."""
+    seconds on COCO val where pycocotools takes a minute), and with `loss_fn` the validation losses (its
+    val_columns: val_box_loss, val_cls_loss, val_dfl_loss or val_l1_loss; overfitting shows as these rising while the
+    training losses fall). It only picks best.pt and fills results.csv."""
     results, _, losses = predict_dataset(model, loader, device, max_det=max_det, half=half, loss_fn=loss_fn)
     metrics = fast_map(results, loader.dataset.records, nc, max_det)
-    return {**metrics, **dict(zip(VAL_LOSSES, losses))} if losses is not None else metrics
+    return {**metrics, **dict(zip(loss_fn.val_columns, losses))} if losses is not None else metrics
 
 
 def evaluate(model, loader, names, device, coco_json=None, conf=0.001, iou=0.7, max_det=300, half=False):

@@ -1,8 +1,8 @@
 """Small helpers the scripts share: logging, run folders, atomic writes, seeds. (Settings: utils/settings.py;
 what a run records: utils/monitor.py; crash reports: utils/faults.py.)
 
-numpy and torch are imported inside the functions that use them: sweep.py imports this module and
-must start in a fraction of a second, without torch.
+numpy and torch are imported inside the functions that use them: tools/sweep.py imports this module
+and must start in a fraction of a second, without torch.
 """
 
 import logging

@@ -205,7 +205,7 @@ def make_shapes(root, n_train=1000, n_val=200, seed=0, size=320, style="shapes",
     if marker.exists() and json.loads(marker.read_text()) == settings:
         return root
     root.mkdir(parents=True, exist_ok=True)
-    # Several runs started at once on a fresh clone (sweep.py, DDP) must not write the same files
+    # Several runs started at once on a fresh clone (tools/sweep.py, DDP) must not write the same files
     # together, nor verify a half-written set: one generates, the others wait and reuse it.
     with open(root / ".shapes.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
