@@ -29,15 +29,7 @@ from models.weights import architecture, class_width, initialise_from, load_weig
 from models.yolo import YOLO, count_gflops, count_parameters
 from utils import monitor, settings, tracking  # results.csv, TensorBoard, progress lines; how a setting is resolved
 from utils.autobatch import batch_from_memory
-from utils.checkpoint import (
-    FORMAT,
-    CheckpointError,
-    checkpoint_weights,
-    load_checkpoint,
-    rng_states,
-    save_checkpoint,
-    set_rng_states,
-)
+from utils.checkpoint import FORMAT, checkpoint_weights, load_checkpoint, rng_states, save_checkpoint, set_rng_states
 from utils.data import (
     EpochBatchSampler,
     TrainDataset,
@@ -183,7 +175,7 @@ init_path = args.model if args.model.endswith(".pt") else args.weights
 try:  # a resume has its own weights; an exported file (.onnx, ...) is refused in one sentence
     init_ckpt = load_weights(init_path, build=False).checkpoint if init_path and not resume_ckpt else None
     scale, reg_max = architecture(args.model, args.reg_max, resume_ckpt, init_ckpt)
-except (CheckpointError, ValueError) as e:
+except ValueError as e:  # CheckpointError too: one sentence naming the file
     sys.exit(f"error: {e}")
 
 use_amp, amp_dtype = amp_settings(device, args.amp, args.amp_dtype)  # auto: bf16 where the hardware has it, else fp16
