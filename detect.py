@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import glob
 import json
+import math
 import signal
 import sys
 import threading
@@ -222,7 +223,7 @@ def run_video(model, capture, name, imgsz, out, args, coco, seconds, stop):
     fps = capture.get(cv2.CAP_PROP_FPS) or 30  # webcams often report 0
     total = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))  # 0 or -1 for a webcam
     video, index, frames, found = VideoOut(out / f"{name}.mp4", fps / stride), 0, 0, 0
-    bar = tqdm(total=-(-total // stride) if total > 0 else None, desc=name, unit="frame", leave=False)
+    bar = tqdm(total=math.ceil(total / stride) if total > 0 else None, desc=name, unit="frame", leave=False)
     try:
         while not stop.is_set():
             if index % stride:
