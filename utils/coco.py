@@ -1,5 +1,6 @@
-"""COCO-format conversion: YOLO labels -> COCO ground truth (what pycocotools evaluates against),
-and a COCO annotation json -> YOLO txt labels (for training on a COCO-format dataset)."""
+"""COCO format for scoring: verified records -> COCO ground truth (what pycocotools evaluates against), or the
+dataset's original COCO json; detections -> COCO detection dicts. A COCO json dataset is read as it is by
+utils/coco_json.py, without converting it."""
 
 import json
 import os
@@ -15,7 +16,9 @@ def records_to_coco(records, names, file_names=None, first_image_id=0, decimals=
     index, 0..nc-1 (a tool that reads 0 as "background" needs 1 added). Only with a dataset's own
     COCO json (`ground_truth(coco_json=...)`) are its category ids used instead.
     Image id = first_image_id + position in `records`; annotation ids start at 1. file_name: the
-    given `file_names`, else each record's path. decimals: round boxes and areas (for a file)."""
+    given `file_names`, else each record's path. decimals: round boxes and areas (for a file).
+    A record's "ignored" boxes (a VOC set's `difficult`, a COCO json's crowds) become iscrowd=1 annotations:
+    pycocotools counts them neither as misses nor, when a detection lands on one, as false positives."""
     fix = (lambda v: v) if decimals is None else (lambda v: round(v, decimals))
     images, annotations = [], []
     for i, r in enumerate(records):
@@ -29,12 +32,13 @@ def records_to_coco(records, names, file_names=None, first_image_id=0, decimals=
                 "width": w,
             }
         )
-        for cls, x1, y1, x2, y2 in (map(float, row) for row in r["labels"]):  # numpy float32 -> JSON-able
+        boxes = [(row, 0) for row in r["labels"]] + [(row, 1) for row in r.get("ignored", ())]
+        for (cls, x1, y1, x2, y2), crowd in ((map(float, row), c) for row, c in boxes):  # float32 -> JSON-able
             bw, bh = (x2 - x1) * w, (y2 - y1) * h
             bbox = [fix(x1 * w), fix(y1 * h), fix(bw), fix(bh)]
             annotations.append(
                 {"id": len(annotations) + 1, "image_id": image_id, "category_id": int(cls), "bbox": bbox,
-                 "area": fix(bw * bh), "iscrowd": 0}
+                 "area": fix(bw * bh), "iscrowd": crowd}
             )  # fmt: skip
     categories = [{"id": i, "name": n} for i, n in enumerate(names)]
     return {"images": images, "annotations": annotations, "categories": categories}
@@ -58,70 +62,50 @@ def detections_to_coco(dets, image_id, category_ids=None):
 def ground_truth(records, names, coco_json=None):
     """(COCO ground-truth dict, image id of each record, category id of each class index).
     With the dataset's original COCO json, the official annotations are used (crowd regions and
-    all), so COCO val numbers are the official ones; images are matched by file name."""
+    all), so COCO val numbers are the official ones. Images are matched by the id a COCO json split's
+    records carry (utils/coco_json.py), else by file name (YOLO labels beside a `coco_json:` key)."""
     if coco_json is None:
         return records_to_coco(records, names), list(range(len(records))), list(range(len(names)))
     gt = json.loads(Path(coco_json).read_text())
-    by_name = {Path(im["file_name"]).name: im["id"] for im in gt["images"]}
-    missing = [r["im"] for r in records if Path(r["im"]).name not in by_name]
-    if missing:
-        raise ValueError(f"{coco_json} has no entry for {len(missing)} validation images, e.g. {missing[0]}")
+    if getattr(records, "image_ids", None) is not None and (records.image_ids >= 0).all():
+        ids = records.image_ids.tolist()
+    else:
+        by_name = {Path(im["file_name"]).name: im["id"] for im in gt["images"]}
+        missing = [r["im"] for r in records if Path(r["im"]).name not in by_name]
+        if missing:
+            raise ValueError(f"{coco_json} has no entry for {len(missing)} validation images, e.g. {missing[0]}")
+        ids = [by_name[Path(r["im"]).name] for r in records]
     category_ids = sorted(c["id"] for c in gt["categories"])  # YOLO class i = i-th category by id
-    if len(category_ids) != len(names):
-        raise ValueError(f"{coco_json} has {len(category_ids)} categories but the dataset yaml names {len(names)}")
-    ids = [by_name[Path(r["im"]).name] for r in records]
     keep = set(ids)
     gt = dict(
         gt,
         images=[im for im in gt["images"] if im["id"] in keep],
         annotations=[a for a in gt["annotations"] if a["image_id"] in keep],
     )
+    if len(names) == 1 < len(category_ids):  # --single-cls: every category is the one class, 'object'
+        category_ids = category_ids[:1]
+        gt["annotations"] = [dict(a, category_id=category_ids[0]) for a in gt["annotations"]]
+        gt["categories"] = [{"id": category_ids[0], "name": names[0]}]
+    if len(category_ids) != len(names):
+        raise ValueError(f"{coco_json} has {len(category_ids)} categories but the dataset yaml names {len(names)}")
     return gt, ids, category_ids
 
 
-def coco_to_yolo(json_path, labels_dir):
-    """Write one YOLO txt per image (class cx cy w h, normalised) from a COCO instances json.
-    Crowd annotations are skipped (they are regions to ignore, not objects). Class i is the i-th
-    category sorted by id (COCO's 80 ids 1..90 become 0..79). Returns the names."""
-    data = json.loads(Path(json_path).read_text())
-    categories = sorted(data["categories"], key=lambda c: c["id"])
-    index = {c["id"]: i for i, c in enumerate(categories)}
-    images = {im["id"]: im for im in data["images"]}
-    rows = {im_id: [] for im_id in images}
-    for a in data["annotations"]:
-        if a.get("iscrowd", 0):
-            continue
-        im = images[a["image_id"]]
-        W, H = im["width"], im["height"]
-        x, y, w, h = a["bbox"]
-        x1, y1, x2, y2 = max(x, 0), max(y, 0), min(x + w, W), min(y + h, H)  # COCO boxes may poke out by a pixel
-        if x2 <= x1 or y2 <= y1:
-            continue
-        cx, cy = (x1 + x2) / 2 / W, (y1 + y2) / 2 / H
-        rows[a["image_id"]].append(
-            f"{index[a['category_id']]} {cx:.6f} {cy:.6f} {(x2 - x1) / W:.6f} {(y2 - y1) / H:.6f}"
-        )
-    out = Path(labels_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for im_id, lines in rows.items():
-        if lines:  # no file for an image without objects: a background image
-            (out / Path(images[im_id]["file_name"]).with_suffix(".txt").name).write_text("\n".join(lines) + "\n")
-    return [c["name"] for c in categories]
-
-
 def yolo_to_coco(sources, names):
-    """A COCO instances dict from YOLO images + labels (folders or .txt lists). Every image is verified
-    first (see utils.labels.verify_one): broken ones are left out and returned with their reason.
-    Image and annotation ids start at 1; category id = class index (records_to_coco's convention);
-    file_name is the path relative to the images' common folder; boxes rounded to 1e-3 px.
-    Returns (dict, problems)."""
-    from utils.labels import list_images, verify_one
+    """A COCO instances dict from YOLO images + labels (folders or .txt lists), or from any split a dataset yaml
+    reads (a VOC one too). Every image is verified first (see utils.labels.verify_one): broken ones are left out
+    and returned with their reason. Image and annotation ids start at 1; category id = class index
+    (records_to_coco's convention); file_name is the path relative to the images' common folder; boxes rounded
+    to 1e-3 px. Returns (dict, problems)."""
+    from utils.labels import annotated_items, list_images, verify_annotated, verify_one
 
-    files = list_images(sources)
-    common = Path(os.path.commonpath([str(Path(f).parent) for f in files])) if files else Path(".")
+    items = annotated_items(sources)
+    files = list_images(sources) if items is None else items
+    common = Path(os.path.commonpath([str(Path(getattr(f, "image", f)).parent) for f in files])) if files else Path(".")
     records, file_names, problems = [], [], []
-    for f in files:
-        status, record, note = verify_one(f, len(names))
+    for entry in files:
+        f = getattr(entry, "image", entry)
+        status, record, note = verify_one(f, len(names)) if items is None else verify_annotated(entry)
         if record is None:
             problems.append(f"{status}\t{f}\t{note}")
             continue

@@ -1,38 +1,49 @@
 """The dataset yaml: the format YOLOv5 and Ultralytics users already have, read into the splits' sources,
-the class names and the settings it recommends. Light on purpose (no cv2, no torch): utils/settings.py
+the class names and the settings it recommends. A split may also be a Pascal VOC folder (utils/voc.py) or a COCO
+json (utils/coco_json.py), read where they lie. Light on purpose (no cv2, no torch): utils/settings.py
 imports it, and starts without torch.
 """
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
+from utils import coco_json, voc
+from utils.annotations import FORMATS_READ, DatasetError  # noqa: F401  DatasetError: imported from here too
+from utils.coco_json import CocoSplit
+from utils.voc import VocSplit
+
 log = logging.getLogger("yolo")
-
-
-class DatasetError(ValueError):
-    """A dataset yaml or folder that cannot be used; the message is one sentence naming the culprit."""
+SPLITS = ("train", "val", "test")
 
 
 def load_dataset_yaml(path):
     """Read a YOLOv5/Ultralytics dataset yaml. Returns a dict with `root`, `train`, `val`, `test`
-    (lists of resolved sources: folders or .txt lists), `names` (list), `nc`, `yaml`, `coco_json` and
-    `defaults` (the train.py settings the yaml recommends: utils.settings.apply_dataset_defaults).
-    Keys we do not use (`download`, ...) are ignored, so a yaml copied from those repos works as is.
-    The built-in shapes set is generated here on first use."""
+    (lists of resolved sources: folders or .txt lists; utils.voc.VocSplit or utils.coco_json.CocoSplit for
+    those formats), `names` (list), `nc`, `yaml`, `coco_json` (the original json val is scored against, or
+    None), `coco_jsons` (the same for each split) and `defaults` (the train.py settings the yaml recommends:
+    utils.settings.apply_dataset_defaults). Keys we do not use (`download`, ...) are ignored, so a yaml
+    copied from those repos works as is. The built-in shapes set is generated here on first use."""
     path = Path(path)
     if not path.exists() and not path.is_absolute() and (Path(__file__).parents[1] / "data" / path).exists():
         path = Path(__file__).parents[1] / "data" / path  # `--data coco.yaml` finds data/coco.yaml
     cfg = _read_yaml(path)
-    names = _class_names(cfg, path)
     root = _dataset_root(cfg, path)
+    voc_root = _voc_root(cfg, root, path)
     defaults = cfg.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise DatasetError(f"{path}: key 'defaults' must be a mapping of train.py settings to values")
-    out = {"root": root, "names": names, "nc": len(names), "yaml": path, "coco_json": None, "defaults": defaults}
-    for key in ("train", "val", "test"):
-        out[key] = _split_sources(cfg, key, root, path)
+    out = {"root": root, "yaml": path, "coco_json": None, "defaults": defaults}
+    for key in SPLITS:
+        out[key] = _split_sources(cfg, key, root, path, voc_root)
+    names, category_ids = _names_of(cfg, path, [s for key in SPLITS for s in out[key]])
+    out.update(names=names, nc=len(names))
+    for key in SPLITS:  # the sources that read class names themselves learn the class order
+        out[key] = [_with_classes(s, names, category_ids) for s in out[key]]
+    out["coco_jsons"] = {key: _json_of(out[key]) for key in SPLITS}
+    out["coco_json"] = out["coco_jsons"]["val"]
     if cfg.get("coco_json"):
         p = Path(cfg["coco_json"])
         p = p if p.is_absolute() else root / p
@@ -42,6 +53,7 @@ def load_dataset_yaml(path):
             log.warning(
                 f"{path}: key 'coco_json' names {p}, which does not exist; mAP will be computed from the YOLO labels"
             )
+        out["coco_jsons"]["val"] = out["coco_json"]
     return out
 
 
@@ -56,7 +68,7 @@ def _read_yaml(path):
     if not isinstance(cfg, dict):
         raise DatasetError(f"{path} must be a mapping with keys path, train, val and names")
     for key in ("train", "val"):
-        if not cfg.get(key):
+        if not cfg.get(key) and not cfg.get("voc"):  # a VOC folder has its own ImageSets/Main/train.txt and val.txt
             raise DatasetError(
                 f"{path}: key '{key}' is missing (it names the {key} images: a folder, a .txt list, or a list of these)"
             )
@@ -110,25 +122,134 @@ def _dataset_root(cfg, path):
     return root
 
 
-def _split_sources(cfg, key, root, path):
-    """The folders and .txt lists of one split, resolved; [] for a split the yaml leaves out."""
+def _split_sources(cfg, key, root, path, voc_root=None):
+    """The sources of one split, resolved; [] for a split the yaml leaves out. A source is a folder or .txt list
+    of images (YOLO txt labels), a VocSplit (an ImageSets .txt inside a VOC folder, or anything under `voc:`) or
+    a CocoSplit (`{images: FOLDER, json: FILE}`, or a .json alone: its images beside it)."""
     value = cfg.get(key)
+    if not value and voc_root is not None:  # `voc: FOLDER` alone: the folder's own image sets
+        value = (
+            f"ImageSets/Main/{key}.txt" if key != "test" or (voc_root / "ImageSets/Main/test.txt").exists() else None
+        )
     if not value:
         return []
     sources = []
     for item in value if isinstance(value, list) else [value]:
-        if not isinstance(item, str):
-            raise DatasetError(f"{path}: key '{key}' must be a folder, a .txt list or a list of these, got {item!r}")
-        p = Path(item)
-        if not p.is_absolute():
-            # Old YOLOv5 yamls have no `path` and name folders from the working directory
-            # (`train: ../coco128/images/train2017`): try there too before giving up.
-            tried = [root / p] + ([Path(item).resolve()] if not cfg.get("path") else [])
-            p = next((c for c in tried if c.exists()), tried[0])
-        if not p.exists():
-            if key == "test":  # optional and often not downloaded (COCO test-dev): only val.py --task test needs it
-                log.warning(f"{path}: key 'test' names {p}, which does not exist; the test split is not available")
-                continue
-            raise DatasetError(f"{path}: key '{key}' names {p}, which does not exist")
-        sources.append(p)
+        if isinstance(item, dict):
+            source = _coco_source(cfg, key, item, root, path)
+        elif not isinstance(item, str):
+            raise DatasetError(
+                f"{path}: key '{key}' must be a folder, a .txt list, a {{images, json}} mapping or a list of these, "
+                f"got {item!r}"
+            )
+        elif voc_root is not None:
+            source = voc.voc_source(voc_root, item)
+            if source is None:
+                _missing(key, path, f"{item} (neither an image folder nor an image set of {voc_root})")
+        else:
+            source = _resolve(cfg, key, item, root, path)
+            if source is not None and source.suffix == ".json":
+                source = _coco_source(cfg, key, {"json": item}, root, path)
+            elif source is not None and voc.is_image_set(source):  # ids, not paths: read as VOC
+                source = VocSplit(source.parents[2], source)
+        if source is not None:
+            sources.append(source)
     return sources
+
+
+def _resolve(cfg, key, item, root, path):
+    """A path of the yaml, resolved; None for a missing test split (said), DatasetError for another."""
+    p = Path(item)
+    if not p.is_absolute():
+        # Old YOLOv5 yamls have no `path` and name folders from the working directory
+        # (`train: ../coco128/images/train2017`): try there too before giving up.
+        tried = [root / p] + ([Path(item).resolve()] if not cfg.get("path") else [])
+        p = next((c for c in tried if c.exists()), tried[0])
+    if not p.exists():
+        _missing(key, path, p)
+        return None
+    return p
+
+
+def _missing(key, path, what):
+    if key == "test":  # optional and often not downloaded (COCO test-dev): only val.py --task test needs it
+        log.warning(f"{path}: key 'test' names {what}, which does not exist; the test split is not available")
+        return
+    raise DatasetError(f"{path}: key '{key}' names {what}, which does not exist")
+
+
+def _coco_source(cfg, key, item, root, path):
+    """A CocoSplit from `{images: FOLDER, json: FILE}` (images default to the json's folder), or None (test)."""
+    unknown = set(item) - {"images", "json"}
+    if unknown or not isinstance(item.get("json"), str) or not isinstance(item.get("images", ""), str):
+        raise DatasetError(
+            f"{path}: key '{key}' as a mapping must be {{images: FOLDER, json: FILE}} (a COCO json), got {item!r}"
+        )
+    json_path = _resolve(cfg, key, item["json"], root, path)
+    if json_path is None:
+        return None
+    images = _resolve(cfg, key, item["images"], root, path) if item.get("images") else json_path.parent
+    if images is not None and not images.is_dir():
+        raise DatasetError(f"{path}: key '{key}' names images {images}, which is not a folder")
+    return CocoSplit(images, json_path) if images is not None else None
+
+
+def _voc_root(cfg, root, path):
+    """The VOC folder `voc:` names (relative to `path` when there is one, else read as `path` is), or None."""
+    if not cfg.get("voc"):
+        return None
+    voc_root = _dataset_root({"path": cfg["voc"]}, path) if not cfg.get("path") else root / cfg["voc"]
+    if not voc_root.is_dir():
+        raise DatasetError(f"{path}: key 'voc' names {voc_root}, which is not a folder")
+    return voc_root
+
+
+def _names_of(cfg, path, sources):
+    """(class names, the original category id of each class or None). A VOC set without `names` takes the object
+    names of its XML files, sorted; a COCO json its categories, sorted by id (their names unless `names` is given).
+    """
+    kinds = {type(s) for s in sources}
+    if len(kinds) > 1 and kinds & {VocSplit, CocoSplit}:
+        raise DatasetError(f"{path}: its splits mix formats; one dataset yaml reads one of: {FORMATS_READ}")
+    if CocoSplit in kinds:
+        return _coco_names(cfg, path, sources)
+    if VocSplit in kinds and cfg.get("names") is None:
+        names = voc.class_names(sources)
+        log.info(f"{path} has no 'names': the classes are the object names of its XML files, sorted: {names}")
+        if "nc" in cfg and cfg["nc"] != len(names):
+            raise DatasetError(f"{path}: key 'nc' is {cfg['nc']} but its XML files name {len(names)} classes")
+        return names, None
+    return _class_names(cfg, path), None
+
+
+def _coco_names(cfg, path, sources):
+    """Names and category ids of the COCO jsons of every split, which must have the same categories."""
+    found = {s.json: coco_json.categories(s.json) for s in sources}
+    (first, categories), *others = found.items()
+    ids = [c for c, _ in categories]
+    for other, theirs in others:
+        if [c for c, _ in theirs] != ids:
+            raise DatasetError(f"{path}: {other} has category ids {[c for c, _ in theirs]} but {first} has {ids}")
+    if not categories:
+        raise DatasetError(f"{first} has no categories")
+    if cfg.get("names") is None:
+        names = [name for _, name in categories]
+        log.info(f"{path}: the classes are the categories of {first}, sorted by id: {names}")
+    else:
+        names = _class_names(cfg, path)
+        if len(names) != len(categories):
+            raise DatasetError(f"{path}: key 'names' lists {len(names)} classes but {first} has {len(categories)}")
+    return names, tuple(ids)
+
+
+def _with_classes(source, names, category_ids):
+    if isinstance(source, VocSplit):
+        return replace(source, names=tuple(names))
+    if isinstance(source, CocoSplit):
+        return replace(source, category_ids=category_ids)
+    return source
+
+
+def _json_of(sources):
+    """The original json a split is scored against: its one COCO json, if it is made of exactly one."""
+    return sources[0].json if len(sources) == 1 and isinstance(sources[0], CocoSplit) else None

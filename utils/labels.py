@@ -1,6 +1,8 @@
 """Labels: what a split is made of, and whether it can be trained on. The image files of a split (the
 sources utils/dataset_yaml.py resolved), their label files, the verification of every image/label pair,
-and the label cache that makes that verification a one-time cost.
+and the label cache that makes that verification a one-time cost. YOLO txt labels are read here; a Pascal
+VOC or COCO json split is listed and its boxes read by utils/voc.py and utils/coco_json.py, then verified,
+cached and logged here the same way (its cache and log in our cache folder: never in the dataset's).
 
 Nothing here imports torch: data/yolo2coco.py and utils/coco.py read datasets without it.
 """
@@ -19,15 +21,24 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from utils.dataset_yaml import DatasetError
+from utils import coco_json, voc
+from utils.annotations import (
+    COORD_TOLERANCE,
+    FORMATS_READ,
+    IMAGE_SUFFIXES,
+    READER_VERSION,
+    BadAnnotation,
+    DatasetError,
+    cache_dir,
+)
+from utils.coco_json import CocoSplit
 from utils.general import atomic_write, write_text_atomic  # tests replace the writers (read-only)
 from utils.records import Records, as_records
 from utils.settings import default_workers
+from utils.voc import VocSplit
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".dng", ".mpo", ".pfm"}
 CACHE_VERSION = 3  # bump when the record or the checks change: old caches are then rebuilt
 VERIFY_IN_PROCESSES_FROM = 2000  # images; fewer are verified in threads (a process pool costs ~0.1 s to start)
-COORD_TOLERANCE = 0.01  # coordinates this far outside [0, 1] are clipped; further out, the file is rejected
 log = logging.getLogger("yolo")
 
 
@@ -37,9 +48,13 @@ log = logging.getLogger("yolo")
 
 
 def list_images(sources):
-    """Image files from folders (recursive) and .txt lists (one path per line, relative to the list)."""
+    """Image files from folders (recursive) and .txt lists (one path per line, relative to the list), and the
+    images of VOC and COCO json sources."""
     files = []
     for src in sources:
+        if isinstance(src, (VocSplit, CocoSplit)):
+            files += [item.image for item in annotated_items([src])]
+            continue
         src = Path(src)
         if not src.exists():
             raise DatasetError(f"{src} does not exist")
@@ -56,7 +71,9 @@ def list_images(sources):
         elif src.suffix.lower() in IMAGE_SUFFIXES:
             files.append(str(src))
         else:
-            raise DatasetError(f"{src} is neither a folder, a .txt list nor an image")
+            raise DatasetError(
+                f"{src} is neither a folder, a .txt list nor an image; the formats read are {FORMATS_READ}"
+            )
     return sorted(set(os.path.normpath(f) for f in files))
 
 
@@ -132,6 +149,25 @@ def verify_one(image_path, nc):
         return "corrupt", None, f"label {lp} is not a text file"
     except (OSError, cv2.error) as e:
         return "corrupt", None, f"cannot be read ({e})"
+
+
+def verify_annotated(item):
+    """verify_one for an image of a VOC or COCO json split (item: utils.voc.VocItem or utils.coco_json.CocoItem):
+    the same image checks, then the item's boxes; its record also keeps the boxes to ignore and the json's id."""
+    try:
+        if not os.path.exists(item.image):
+            return "missing", None, "image not found"
+        h, w = _image_shape(item.image)
+        boxes = item.boxes((h, w))  # None: no annotation file (VOC), a background image
+    except (_Corrupt, BadAnnotation) as e:
+        return "corrupt", None, str(e)
+    except (OSError, cv2.error) as e:
+        return "corrupt", None, f"cannot be read ({e})"
+    rows, ignored, duplicates = boxes or ([], [], 0)
+    record = {"im": item.image, "shape": [h, w], "labels": rows, "ignored": ignored, "dup": duplicates}
+    record["image_id"] = getattr(item, "image_id", -1)  # a VocItem has none
+    status = "background" if boxes is None else "labelled" if rows else "empty"
+    return status, record, f"{duplicates} duplicate boxes removed" if duplicates else ""
 
 
 def _image_shape(image_path):
@@ -217,13 +253,6 @@ def files_fingerprint(image_files):
     return h.hexdigest()
 
 
-def cache_dir():
-    """Where the label cache goes when the dataset folder is read-only (a shared mount)."""
-    return Path(
-        os.environ.get("YOLO_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "yolo"
-    )
-
-
 def cache_locations(sources, image_files):
     """(cache, log) path pairs: next to the labels first, the user's cache folder second.
     The name carries a digest of the split's sources, so a train.txt and a val.txt listing images
@@ -238,6 +267,43 @@ def cache_locations(sources, image_files):
         (labels.with_name(stem + ".cache.npz"), labels.with_name(stem + ".verify.log")),
         (cache_dir() / (elsewhere + ".cache.npz"), cache_dir() / (elsewhere + ".verify.log")),
     ]
+
+
+def annotated_items(sources):
+    """The utils.voc.VocItem / utils.coco_json.CocoItem of every image of a VOC or COCO json split, sorted by
+    image path (as list_images sorts a YOLO split); None for a YOLO split."""
+    kinds = {type(s) for s in sources}
+    if not kinds & {VocSplit, CocoSplit}:
+        return None
+    if len(kinds) > 1:
+        raise DatasetError(f"{', '.join(map(str, sources))} mix formats; a split is one of {FORMATS_READ}")
+    items = {}
+    for src in sources:
+        for item in (voc if isinstance(src, VocSplit) else coco_json).split_items(src):
+            items.setdefault(item.image, item)
+    return [items[k] for k in sorted(items)]
+
+
+def annotated_fingerprint(sources, items):
+    """files_fingerprint for a VOC or COCO json split: every image and annotation file, and the class order."""
+    h = hashlib.sha256(f"reader {READER_VERSION}\n".encode())
+    for source in sources:  # its repr carries the class order: names (VOC) or category ids (COCO json)
+        h.update(f"{source!r}\n".encode())
+    annotations = sorted({getattr(item, "xml", None) or item.json for item in items})
+    for p in [item.image for item in items] + annotations:
+        try:
+            st = os.stat(p)
+            h.update(f"{p}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+        except OSError:
+            h.update(f"{p}|-\n".encode())
+    return h.hexdigest()
+
+
+def annotated_cache_locations(sources):
+    """cache_locations for a VOC or COCO json split: our cache folder only (never the dataset's folders)."""
+    kind = "voc" if isinstance(sources[0], VocSplit) else "coco"
+    digest = hashlib.sha256("\n".join(str(Path(s).resolve()) for s in sources).encode()).hexdigest()[:16]
+    return [(cache_dir() / f"{kind}.{digest}.cache.npz", cache_dir() / f"{kind}.{digest}.verify.log")]
 
 
 def read_cache(cache_path, fingerprint, nc):
@@ -258,11 +324,14 @@ def load_verified(sources, nc, split_name="", workers=None):
     of a second. Never writes to the user's images or labels; a read-only dataset folder works (cache elsewhere).
     workers: how many verify at once (default: every core this process may use; under DDP the caller shares
     the machine's cores out, utils.settings.default_workers)."""
-    image_files = list_images(sources)
+    items = annotated_items(sources)  # None: YOLO txt
+    image_files = list_images(sources) if items is None else [item.image for item in items]
     if not image_files:
         raise DatasetError(f"no images found in {', '.join(str(s) for s in sources) or 'an empty list of sources'}")
-    fingerprint = files_fingerprint(image_files)
-    locations = cache_locations(sources, image_files)
+    if items is None:
+        fingerprint, locations = files_fingerprint(image_files), cache_locations(sources, image_files)
+    else:
+        fingerprint, locations = annotated_fingerprint(sources, items), annotated_cache_locations(sources)
     for cache_path, log_path in locations:
         cached = read_cache(cache_path, fingerprint, nc)
         if cached is not None:
@@ -270,7 +339,7 @@ def load_verified(sources, nc, split_name="", workers=None):
             print_verification_totals(meta["totals"], split_name, log_path, meta["problems"], cached=True)
             return records
 
-    records, totals, problems = _verify_all(image_files, nc, split_name, workers or default_workers())
+    records, totals, problems = _verify_all(items or image_files, nc, split_name, workers or default_workers())
     meta = {"version": CACHE_VERSION, "fingerprint": fingerprint, "nc": nc, "totals": totals, "problems": problems}
     written = _write_cache(locations, records, meta, split_name)
     print_verification_totals(totals, split_name, written, problems, cached=False)
@@ -283,19 +352,22 @@ def load_verified(sources, nc, split_name="", workers=None):
 
 
 def _verify_all(image_files, nc, split_name, workers):
-    """verify_one on every file: (Records of the usable ones, totals by status, one line per problem)."""
+    """verify_one on every file (verify_annotated on every item of a VOC or COCO json split): (Records of the
+    usable ones, totals by status, one line per problem)."""
     totals = dict.fromkeys(("found", "labelled", "background", "empty", "missing", "corrupt", "duplicates"), 0)
     records, problems = [], []
+    annotated = not isinstance(image_files[0], str)
     # Header and label parsing is Python, held by the GIL: a large set is spread over processes, one per
     # core this process may use (~8 s for COCO's 118k images on 8 cores); a small one runs in threads.
     processes = len(image_files) >= VERIFY_IN_PROCESSES_FROM and workers > 1
     pool = multiprocessing.get_context("fork").Pool(workers) if processes else ThreadPoolExecutor(workers)
     with pool:
-        check = functools.partial(verify_one, nc=nc)
+        check = verify_annotated if annotated else functools.partial(verify_one, nc=nc)
         results = pool.imap(check, image_files, chunksize=64) if processes else pool.map(check, image_files)
-        for image_path, (status, record, note) in tqdm(
+        for entry, (status, record, note) in tqdm(
             zip(image_files, results), total=len(image_files), desc=f"verifying {split_name} images", leave=False
         ):
+            image_path = entry.image if annotated else entry
             totals["found"] += 1
             totals[status] += 1
             if record is not None:
@@ -312,7 +384,7 @@ def _write_cache(locations, records, meta, split_name):
     error = None
     for i, (cache_path, log_path) in enumerate(locations):
         try:
-            if i:  # our own cache folder may not exist yet; the user's folders are never created
+            if cache_path.parent == cache_dir():  # ours may not exist yet; the user's folders are never created
                 cache_path.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(log_path, "".join(p + "\n" for p in meta["problems"]))
             atomic_write(cache_path, lambda f: records.save(f, meta))

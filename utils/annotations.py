@@ -1,0 +1,61 @@
+"""What the three label formats read here share: YOLO txt (utils/labels.py), Pascal VOC xml (utils/voc.py) and
+COCO json (utils/coco_json.py). The errors a dataset raises, the rule every box passes, and where our own files
+go. Light on purpose (no cv2, no numpy): utils/dataset_yaml.py imports it, and starts without torch.
+"""
+
+import math
+import os
+from pathlib import Path
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".dng", ".mpo", ".pfm"}
+READER_VERSION = 1  # bump when utils/voc.py or utils/coco_json.py read boxes differently: their caches rebuild
+COORD_TOLERANCE = 0.01  # coordinates this far outside the image (a fraction of its size) are clipped; further: refused
+FORMATS_READ = (
+    "YOLO txt (an image folder or a .txt list of images, labels in the matching labels/ folder), "
+    "Pascal VOC (key 'voc: FOLDER', or an ImageSets/Main/*.txt inside a VOC folder) "
+    "and COCO json (a split written as {images: FOLDER, json: FILE}, or the .json file alone)"
+)
+
+
+class DatasetError(ValueError):
+    """A dataset yaml or folder that cannot be used; the message is one sentence naming the culprit."""
+
+
+class BadAnnotation(ValueError):
+    """One image's annotation cannot be used (the image is excluded); the message names the file and the entry."""
+
+
+def cache_dir():
+    """Where our own files about a dataset go when they must not go into the dataset's folders: the label cache
+    of a read-only folder, and every cache of a VOC or COCO json set (read where it lies, never written into)."""
+    return Path(
+        os.environ.get("YOLO_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "yolo"
+    )
+
+
+def pixel_box(x1, y1, x2, y2, w, h, where, written=None):
+    """A box in pixels of a w x h image as normalised corners, clipped to the image when it pokes out by at most
+    COORD_TOLERANCE of the image's size (as YOLO rows are: utils/labels.py), or 1 px: exporters disagree by one on
+    where pixel 0 is (VOC counts from 1). Raises BadAnnotation naming `where` when it is further out or empty,
+    quoting the box as `written` in the file (default: the corners given)."""
+    corners = (x1, y1, x2, y2)
+    shown = ", ".join(f"{v:g}" for v in written or corners)
+    if not all(math.isfinite(v) for v in corners):
+        raise BadAnnotation(f"{where}: a coordinate of box ({shown}) is not a finite number")
+    if x2 <= x1 or y2 <= y1:
+        raise BadAnnotation(f"{where}: box ({shown}) has zero or negative size")
+    dx, dy = max(COORD_TOLERANCE * w, 1.0), max(COORD_TOLERANCE * h, 1.0)
+    if x1 < -dx or y1 < -dy or x2 > w + dx or y2 > h + dy:
+        raise BadAnnotation(f"{where}: box ({shown}) is outside the {w}x{h} image")
+    return [min(max(v / size, 0.0), 1.0) for v, size in zip(corners, (w, h, w, h))]
+
+
+def unique_rows(rows):
+    """(rows without exact repeats, how many were dropped): the rule YOLO label files get (utils/labels.py)."""
+    kept, seen = [], set()
+    for row in rows:
+        key = (row[0], *(round(v, 6) for v in row[1:]))
+        if key not in seen:
+            seen.add(key)
+            kept.append(row)
+    return kept, len(rows) - len(kept)
