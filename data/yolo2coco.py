@@ -1,11 +1,14 @@
-"""YOLO images + txt labels -> one COCO instances json (for pycocotools, annotation tools, other repos).
+"""YOLO images + txt labels (or any split a dataset yaml reads: a Pascal VOC one too) -> one COCO instances json
+(for pycocotools, annotation tools, other repos). Training needs no conversion: a dataset yaml reads VOC and COCO
+json where they lie.
 
     python data/yolo2coco.py --data data/coco128.yaml --split val --out instances_val.json
     python data/yolo2coco.py --images my_set/images/val --names cat dog --out instances_val.json
 
 Every image is verified as for training; broken ones are left out and listed. Image and annotation
 ids start at 1; category id = YOLO class index (0..nc-1), as in val.py's and detect.py's
-predictions.json; file_name is relative to the images' common folder.
+predictions.json; file_name is relative to the images' common folder. A VOC set's difficult boxes are
+written as iscrowd=1 (regions pycocotools ignores).
 """
 
 import argparse

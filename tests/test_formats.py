@@ -22,7 +22,7 @@ from pycocotools.cocoeval import COCOeval
 from utils import shapes
 from utils.coco import detections_to_coco, ground_truth
 from utils.dataset_yaml import DatasetError, load_dataset_yaml
-from utils.evaluate import coco_map
+from utils.evaluate import coco_map, fast_map
 from utils.labels import load_verified
 
 REPO = Path(__file__).resolve().parents[1]
@@ -259,6 +259,8 @@ def test_scoring_of_voc_coco_json_and_yolo_is_pycocotools_with_ignored_boxes(set
         results = synthetic_detections(records, truth)
         detections[fmt] = [d for i, det in results.items() for d in detections_to_coco(det, image_ids[i], category_ids)]
         scores[fmt] = coco_map(gt, detections[fmt], category_ids)[:2]
+        fast = fast_map(results, records, len(NAMES))  # the per-epoch metric: ignores the same boxes
+        assert (fast["mAP50-95"], fast["mAP50"]) == pytest.approx(scores[fmt], abs=0.005), fmt
         if fmt == "yolo":
             yolo_gt = gt
     original = json.loads((root / "coco" / "annotations" / "instances_val.json").read_text())
@@ -415,3 +417,28 @@ def test_yolo2coco_writes_what_reads_back_as_the_same_records(sets, tmp_path):
         assert np.abs(again.labels - records.labels).max() < 1e-4 and np.array_equal(again.shapes, records.shapes)
         crowds = sum(a["iscrowd"] for a in json.loads(out.read_text())["annotations"])
         assert crowds == (len(records.ignored) if fmt == "voc" else 0)
+
+
+def test_other_spellings_read_the_same_records(sets, tmp_path):
+    """An ImageSets .txt under `path:` (no `voc:` key), a folder of images with their .xml beside (Roboflow's and
+    LabelImg's VOC), a COCO json named alone with its images beside it (Roboflow's COCO), bare image-set names."""
+    root, _ = sets
+    flat = tmp_path / "flat"
+    for (split, image), _ in sets[1].items():
+        (flat / split).mkdir(parents=True, exist_ok=True)
+        shutil.copy(image, flat / split / image.name)
+        shutil.copy(root / "voc" / "Annotations" / f"{image.stem}.xml", flat / split / f"{image.stem}.xml")
+    shutil.copy(root / "coco" / "annotations" / "instances_val.json", flat / "val" / "_annotations.coco.json")
+    spellings = {
+        "imageset": f"path: {root / 'voc'}\ntrain: ImageSets/Main/train.txt\nval: ImageSets/Main/val.txt\n",
+        "names": f"voc: {root / 'voc'}\ntrain: train\nval: val\nnames: {NAMES}\n",
+        "beside": f"voc: {flat}\ntrain: train\nval: val\n",
+        "json": f"path: {flat}\ntrain: val/_annotations.coco.json\nval: val/_annotations.coco.json\n",
+    }
+    want = load_verified(load_dataset_yaml(root / "voc.yaml")["val"], len(NAMES), "val")
+    for name, text in spellings.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+        data = load_dataset_yaml(tmp_path / f"{name}.yaml")
+        got = load_verified(data["val"], data["nc"], "val")
+        assert data["names"] == NAMES and np.array_equal(got.labels, want.labels), name
+        assert np.array_equal(got.ignored, want.ignored), name

@@ -62,7 +62,7 @@ def is_image_set(path):
 def voc_source(root, value):
     """The VocSplit a yaml's train/val value names inside the VOC folder `root`: an ImageSets .txt, a folder of
     images, or a bare image-set name (`trainval` = ImageSets/Main/trainval.txt). None when none of these exists."""
-    for candidate in (Path(value), root / value, root / "ImageSets" / "Main" / f"{value}.txt"):
+    for candidate in (root / value, root / "ImageSets" / "Main" / f"{value}.txt"):  # root / an absolute = it
         if candidate.is_dir() or (candidate.is_file() and candidate.suffix == ".txt"):
             return VocSplit(root, candidate)
     return None
