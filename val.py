@@ -9,8 +9,9 @@
 carries its class names, image size and dataset yaml. A file exported without --dynamic takes only its own
 size: its images are letterboxed to that square (or h x w) instead of rectangular batches.
 
-mAP is computed by pycocotools against ground truth built from the YOLO labels, or against the
-original COCO json when the dataset yaml names one (`coco_json:`), so COCO numbers are official.
+mAP is computed by pycocotools against ground truth built from the labels (YOLO txt, or VOC xml with its
+`difficult` boxes ignored), or against the original COCO json when the split is one or the dataset yaml names
+one for val (`coco_json:`), so COCO numbers are official.
 """
 
 import argparse
@@ -91,7 +92,8 @@ dataset = ValDataset(records, imgsz, args.batch, stride=model["stride"], shape=N
 loader = make_loader(dataset, batch_size=args.batch, workers=args.workers, pin_memory=device.type == "cuda")
 log.info(f"{weights} ({model['backend']}): {len(records)} {args.split} images at {imgsz} px on {model['device']}")
 
-result = evaluate(model, loader, data["names"], device, data["coco_json"], args.conf, args.iou, args.max_det)
+coco_json = data["coco_jsons"][args.split]  # the split's original COCO json, when it has one
+result = evaluate(model, loader, data["names"], device, coco_json, args.conf, args.iou, args.max_det)
 speed = result["metrics"]["speed_ms"]
 log.info(format_table(result, data["names"]))
 log.info(
@@ -103,7 +105,7 @@ log.info(
 )
 if args.save_json:
     (out / "predictions.json").write_text(json.dumps(result["detections"]))
-    if data["coco_json"] is None:  # the ground truth the mAP was computed against, for re-checking
+    if coco_json is None:  # the ground truth the mAP was computed against, for re-checking
         (out / "ground_truth.json").write_text(json.dumps(result["ground_truth"]))
 best_f1_confidence = plot_evaluation(result, model, loader, data["names"], out, device)
 log.info(f"best F1 at confidence {best_f1_confidence:.3f} (F1_curve.png; detect.py --conf)")

@@ -7,13 +7,10 @@ Every dataset here is a few tiny images written into tmp_path, so the file runs 
 
 import hashlib
 import itertools
-import json
 import logging
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -38,7 +35,6 @@ from utils.augment import (
     tile_boxes,
 )
 from utils.boxes import scale_boxes_to_original
-from utils.coco import coco_to_yolo
 from utils.dataset_yaml import DatasetError, load_dataset_yaml
 from utils.distributed import NodeShare
 from utils.hyperparameters import HYP
@@ -1136,100 +1132,6 @@ def test_shapes_images_have_what_makes_them_worth_learning():
 # ---------------------------------------------------------------------------------------------
 # 9. Converters
 # ---------------------------------------------------------------------------------------------
-
-
-def test_coco_to_yolo_to_coco_round_trip(tmp_path):
-    root = tmp_path / "set"
-    sizes = {"a.jpg": (64, 48), "b.jpg": (50, 70), "c.jpg": (40, 40)}
-    for name, (w, h) in sizes.items():
-        write_image(root / "images" / "val" / name, w, h)
-    coco = {
-        "images": [
-            {"id": 10 + k, "file_name": n, "width": w, "height": h} for k, (n, (w, h)) in enumerate(sizes.items())
-        ],
-        "categories": [
-            {"id": 3, "name": "cat"},
-            {"id": 1, "name": "dog"},
-            {"id": 7, "name": "fox"},
-        ],  # ids with gaps, unsorted
-        "annotations": [
-            {"id": 1, "image_id": 10, "category_id": 1, "bbox": [4.0, 6.0, 20.0, 10.0], "area": 200.0, "iscrowd": 0},
-            {
-                "id": 2,
-                "image_id": 10,
-                "category_id": 7,
-                "bbox": [30.5, 20.25, 33.5, 27.75],
-                "area": 929.6,
-                "iscrowd": 0,
-            },
-            {"id": 3, "image_id": 11, "category_id": 3, "bbox": [0.0, 0.0, 50.0, 70.0], "area": 3500.0, "iscrowd": 0},
-            {
-                "id": 4,
-                "image_id": 11,
-                "category_id": 1,
-                "bbox": [5.0, 5.0, 10.0, 10.0],
-                "area": 100.0,
-                "iscrowd": 1,
-            },  # crowd: skipped
-        ],  # c.jpg has no object: a background image, no label file
-    }
-    (root / "annotations").mkdir()
-    (root / "annotations" / "instances_val.json").write_text(json.dumps(coco))
-    env = dict(os.environ, PYTHONPATH="")
-    run = subprocess.run(
-        [sys.executable, str(REPO / "data" / "coco2yolo.py"), str(root / "annotations" / "instances_val.json")],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-    )
-    assert run.returncode == 0, run.stderr
-    assert "0: dog" in run.stdout and "2: fox" in run.stdout
-    assert sorted(p.name for p in (root / "labels" / "val").glob("*.txt")) == ["a.txt", "b.txt"]
-    assert (root / "labels" / "val" / "a.txt").read_text().splitlines()[0] == "0 0.218750 0.229167 0.312500 0.208333"
-
-    out = tmp_path / "back.json"
-    run = subprocess.run(
-        [sys.executable, str(REPO / "data" / "yolo2coco.py"), "--images", str(root / "images" / "val"),
-         "--names", "dog", "cat", "fox", "--out", str(out)],
-        capture_output=True, text=True, cwd=tmp_path, env=env,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr
-    back = json.loads(out.read_text())
-    assert [c["name"] for c in sorted(back["categories"], key=lambda c: c["id"])] == ["dog", "cat", "fox"]
-    names_by_id = {c["id"]: c["name"] for c in back["categories"]}
-    original_names = {c["id"]: c["name"] for c in coco["categories"]}
-    file_by_id = {im["id"]: im["file_name"] for im in back["images"]}
-    assert sorted(file_by_id.values()) == sorted(sizes)
-    assert all((im["width"], im["height"]) == sizes[im["file_name"]] for im in back["images"])
-    got = sorted((file_by_id[a["image_id"]], names_by_id[a["category_id"]], *a["bbox"]) for a in back["annotations"])
-    orig_file = {im["id"]: im["file_name"] for im in coco["images"]}
-    want = sorted(
-        (orig_file[a["image_id"]], original_names[a["category_id"]], *a["bbox"])
-        for a in coco["annotations"]
-        if not a["iscrowd"]
-    )
-    assert [g[:2] for g in got] == [w[:2] for w in want]
-    # 6 decimals of normalised coords
-    assert np.abs(np.array([g[2:] for g in got]) - np.array([w[2:] for w in want])).max() < 0.05
-
-    from pycocotools.coco import COCO  # what evaluation uses must read it
-
-    assert len(COCO(str(out)).getAnnIds()) == 3
-
-
-def test_coco_to_yolo_clips_boxes_that_poke_out(tmp_path):
-    coco = {
-        "images": [{"id": 1, "file_name": "x.jpg", "width": 100, "height": 50}],
-        "categories": [{"id": 1, "name": "thing"}],
-        "annotations": [
-            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [-1.5, 10, 102, 41], "area": 1.0, "iscrowd": 0}
-        ],
-    }
-    (tmp_path / "c.json").write_text(json.dumps(coco))
-    coco_to_yolo(tmp_path / "c.json", tmp_path / "labels")
-    cls, cx, cy, w, h = map(float, (tmp_path / "labels" / "x.txt").read_text().split())
-    assert (cx - w / 2, cx + w / 2) == pytest.approx((0, 1)) and (cy - h / 2, cy + h / 2) == pytest.approx((0.2, 1.0))
 
 
 def test_dataset_defaults_take_the_flag_type_and_never_override_a_given_flag(tmp_path):

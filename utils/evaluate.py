@@ -191,6 +191,19 @@ def match_image(det, gt, thresholds=IOU_THRESHOLDS):
     return tp
 
 
+def crowd_overlap(det, crowd, thresholds=IOU_THRESHOLDS):
+    """(n, thresholds) bool: the detection lies on a box to ignore of its class (VOC difficult, COCO crowd) by at
+    least the threshold, measured as pycocotools measures a crowd: intersection over the detection's own area.
+    det: (n, 6) x1 y1 x2 y2 score class; crowd: (m, 5) class x1 y1 x2 y2, in the same pixels."""
+    if not len(crowd) or not len(det):
+        return np.zeros((len(det), len(thresholds)), bool)
+    d, g = det[:, None, :4], crowd[None, :, 1:]
+    inter = (np.minimum(d[..., 2:], g[..., 2:]) - np.maximum(d[..., :2], g[..., :2])).clip(0).prod(2)
+    area = (det[:, 2:4] - det[:, :2]).prod(1)[:, None]
+    overlap = np.divide(inter, area, out=np.zeros_like(inter), where=area > 0) * (det[:, 5:6] == crowd[None, :, 0])
+    return overlap.max(1)[:, None] >= thresholds
+
+
 def fast_map(results, records, nc, max_det=300):
     """The per-epoch metric: mAP50-95, mAP50, precision and recall computed the way pycocotools computes
     them (area 'all', up to max_det detections per image, 101 recall points, the precision envelope) from
@@ -199,6 +212,7 @@ def fast_map(results, records, nc, max_det=300):
     pycocotools' numbers, the official ones. results: predict_dataset's; records: utils.records.Records."""
     n_gt = np.bincount(records.labels[:, 0].astype(int), minlength=nc)[:nc]
     scores, classes, tps = [np.zeros(0)], [np.zeros(0, int)], [np.zeros((0, len(IOU_THRESHOLDS)), bool)]
+    ignored = [np.zeros((0, len(IOU_THRESHOLDS)), bool)]  # on a VOC difficult / COCO crowd box: neither tp nor fp
     for i in range(len(records)):
         det = results.get(i)
         if det is None or not len(det):
@@ -206,8 +220,12 @@ def fast_map(results, records, nc, max_det=300):
         det = det[np.argsort(-det[:, 4], kind="stable")][:max_det].astype(np.float64)
         h, w = records.shapes[i]
         gt = records.labels_of(i).astype(np.float64) * [1, w, h, w, h]
-        scores.append(det[:, 4]), classes.append(det[:, 5].astype(int)), tps.append(match_image(det, gt))
+        tp = match_image(det, gt)
+        crowd = records.ignored_of(i).astype(np.float64) * [1, w, h, w, h]
+        scores.append(det[:, 4]), classes.append(det[:, 5].astype(int)), tps.append(tp)
+        ignored.append(~tp & crowd_overlap(det, crowd))
     scores, classes, tps = np.concatenate(scores), np.concatenate(classes), np.concatenate(tps)
+    ignored = np.concatenate(ignored)
     ap = np.zeros((nc, len(IOU_THRESHOLDS)))
     for k in np.flatnonzero(n_gt):
         mine = classes == k
@@ -215,15 +233,18 @@ def fast_map(results, records, nc, max_det=300):
         tp = tps[mine][order]
         if not len(tp):
             continue  # boxes but no detection: AP 0
-        tpc, fpc = np.cumsum(tp, 0), np.cumsum(~tp, 0)
+        tpc, fpc = np.cumsum(tp, 0), np.cumsum(~tp & ~ignored[mine][order], 0)
         recall, precision = tpc / n_gt[k], tpc / (tpc + fpc + np.spacing(1))
         precision = np.maximum.accumulate(precision[::-1], 0)[::-1]  # the envelope
         for t in range(len(IOU_THRESHOLDS)):
             at = np.searchsorted(recall[:, t], RECALL_POINTS, side="left")
             ap[k, t] = np.where(at < len(tp), precision[np.minimum(at, len(tp) - 1), t], 0).mean()
     valid = n_gt > 0
+    counted = ~ignored[:, 0]
     p, r, _ = precision_recall(
-        [scores[classes == k] for k in range(nc)], [tps[classes == k, 0] for k in range(nc)], n_gt
+        [scores[(classes == k) & counted] for k in range(nc)],
+        [tps[(classes == k) & counted, 0] for k in range(nc)],
+        n_gt,
     )
     return {
         "precision": float(p[valid].mean()) if valid.any() else 0.0,
