@@ -46,12 +46,12 @@ from tqdm import tqdm
 
 from models.predict import detect_image, inference_size, load, nms_note
 from utils.boxes import xyxy_to_xywh
-from utils.checkpoint import CheckpointError, weights_or_newest
+from utils.checkpoints.ours import CheckpointError, weights_or_newest
 from utils.coco import detections_to_coco
+from utils.data.images import read_image
+from utils.data.labels import IMAGE_SUFFIXES
 from utils.distributed import select_device
 from utils.general import next_run_dir
-from utils.images import read_image
-from utils.labels import IMAGE_SUFFIXES
 from utils.plots import draw_detections
 from utils.streams import Stream, StreamError, is_url, quiet_video_logs, read_streams_file, source_names
 

@@ -14,7 +14,7 @@ PyTorch and score its mAP next to the checkpoint's.
 
 The files are written next to the weights (best.onnx, best.torchscript, best_openvino_model/, best_int8.onnx,
 best_int8_openvino_model/, best.tflite). Conv+BN are fused first, so the graph holds no BatchNorm and nothing else
-that only training uses. Each format is one row of the table in utils/export_formats.py: its flag, file name, the
+that only training uses. Each format is one row of the table in utils/export/formats.py: its flag, file name, the
 options it takes, the packages it needs (a missing one: one sentence with that format's pip line), and its write
 and load functions.
 
@@ -31,12 +31,12 @@ Outputs of the exported model (input "images": (batch, 3, h, w), RGB, float, 0..
                  NMS is class-aware, one class per box (its best), with --conf, --iou and --max-det
                  fixed in the graph, exactly what utils.boxes.non_max_suppression does in Python.
 Each file carries metadata (class names, stride, imgsz, batch, dynamic or not, precision, NMS settings, dataset yaml,
-input/output names and shapes; where each format keeps it: utils/export_loaders.py): val.py and detect.py need
+input/output names and shapes; where each format keeps it: utils/export/loaders.py): val.py and detect.py need
 nothing else.
 
 INT8 (--int8) is post-training quantization calibrated on --calib-images images of the training split of
 --data (default: the dataset the checkpoint was trained on), letterboxed exactly as at inference. The layers that
-KEEP_FLOAT (utils/export_writers.py) names stay in float: quantizing them costs mAP for no speed (README, "Deploy").
+KEEP_FLOAT (utils/export/writers.py) names stay in float: quantizing them costs mAP for no speed (README, "Deploy").
 
 After writing, each file is run (ONNX Runtime / TorchScript / OpenVINO / LiteRT) on a dataset image (or a generated
 one) next to PyTorch. The largest differences of the raw outputs and of the detections, and the median latencies are
@@ -60,18 +60,18 @@ import numpy as np
 import torch
 
 from models.weights import load_weights
-from utils import export_formats
 from utils.boxes import non_max_suppression
-from utils.checkpoint import CheckpointError, weights_or_newest
-from utils.data import ValDataset, make_loader
-from utils.dataset_yaml import DatasetError, load_dataset_yaml
+from utils.checkpoints.ours import CheckpointError, weights_or_newest
+from utils.data.dataset_yaml import DatasetError, load_dataset_yaml
+from utils.data.images import read_image
+from utils.data.labels import list_images, load_verified
+from utils.data.loader import ValDataset, make_loader
 from utils.distributed import select_device
 from utils.evaluate import evaluate
-from utils.export_formats import OPTIONS, a_or_an, file_size, installed, joined, label, missing_sentence, output_path
-from utils.export_writers import ExportError, ModelWithNMS
-from utils.images import read_image
+from utils.export import formats as export_formats
+from utils.export.formats import OPTIONS, a_or_an, file_size, installed, joined, label, missing_sentence, output_path
+from utils.export.writers import ExportError, ModelWithNMS
 from utils.inference import compare_detections, from_pytorch, load_exported, median_latency, postprocess, preprocess
-from utils.labels import list_images, load_verified
 
 MAX_MAP_DROP = {"fp32": 0.002, "fp16": 0.002, "int8": 0.01}
 GATE_ADVICE = {  # what to try when a file of this precision fails the gate
@@ -213,7 +213,7 @@ def dataset_of(args, train_args, weights, network, jobs):
 
 
 def metadata_of(network, train_args, args, imgsz):
-    """What every exported file carries (utils/export_loaders.py reads it back); the writers add the shapes."""
+    """What every exported file carries (utils/export/loaders.py reads it back); the writers add the shapes."""
     return dict(
         names=list(network.names),
         imgsz=imgsz,

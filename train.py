@@ -29,8 +29,18 @@ from models.weights import architecture, class_width, initialise_from, load_weig
 from models.yolo import YOLO, count_gflops, count_parameters
 from utils import monitor, settings, tracking  # results.csv, TensorBoard, progress lines; how a setting is resolved
 from utils.autobatch import batch_from_memory
-from utils.checkpoint import FORMAT, checkpoint_weights, load_checkpoint, rng_states, save_checkpoint, set_rng_states
-from utils.data import (
+from utils.checkpoints.ours import (
+    FORMAT,
+    checkpoint_weights,
+    load_checkpoint,
+    rng_states,
+    save_checkpoint,
+    set_rng_states,
+)
+from utils.data.dataset_yaml import DatasetError, load_dataset_yaml
+from utils.data.images import cache_images
+from utils.data.labels import load_verified, select_records
+from utils.data.loader import (
     EpochBatchSampler,
     TrainDataset,
     ValDataset,
@@ -40,7 +50,6 @@ from utils.data import (
     multi_scale_max,
     multi_scale_size,
 )
-from utils.dataset_yaml import DatasetError, load_dataset_yaml
 from utils.distributed import (
     amp_settings,
     any_rank,
@@ -56,8 +65,6 @@ from utils.evaluate import FITNESS, epoch_metrics, evaluate, format_table
 from utils.faults import StopRequest, abort_run, install_crash_handler, realign_ddp, too_large_batch
 from utils.general import seed_everything, setup_logging
 from utils.hyperparameters import HYP  # the learning-rate, loss and augmentation defaults: one table, each a flag
-from utils.images import cache_images
-from utils.labels import load_verified, select_records
 from utils.loss import DetectionLoss, resolve_class_weights
 from utils.optim import accumulation_windows, build_optimizer, load_optimizer_state, optimizer_step, set_learning_rate
 from utils.plots import in_background, plot_batch, plot_evaluation, plot_labels, plot_results

@@ -20,13 +20,13 @@ import sys
 from pathlib import Path
 
 from models.predict import inference_size, load
-from utils.checkpoint import CheckpointError, weights_or_newest
-from utils.data import ValDataset, fix_cv2_and_file_limits, make_loader
-from utils.dataset_yaml import DatasetError, load_dataset_yaml
+from utils.checkpoints.ours import CheckpointError, weights_or_newest
+from utils.data.dataset_yaml import DatasetError, load_dataset_yaml
+from utils.data.labels import load_verified, single_class
+from utils.data.loader import ValDataset, fix_cv2_and_file_limits, make_loader
 from utils.distributed import select_device
 from utils.evaluate import evaluate, format_table
 from utils.general import next_run_dir, setup_logging
-from utils.labels import load_verified, single_class
 from utils.plots import plot_evaluation
 
 parser = argparse.ArgumentParser(

@@ -44,13 +44,13 @@ from cpu_time import cpu_seconds  # noqa: E402  (bench/, the script's own folder
 from peer import find_peer_python  # noqa: E402
 
 from models.yolo import YOLO  # noqa: E402
-from utils.data import EpochBatchSampler, TrainDataset, fix_cv2_and_file_limits, make_loader  # noqa: E402
-from utils.dataset_yaml import load_dataset_yaml  # noqa: E402
+from utils.data.dataset_yaml import load_dataset_yaml  # noqa: E402
+from utils.data.images import cache_images  # noqa: E402
+from utils.data.labels import load_verified  # noqa: E402
+from utils.data.loader import EpochBatchSampler, TrainDataset, fix_cv2_and_file_limits, make_loader  # noqa: E402
+from utils.data.shapes import make_shapes  # noqa: E402
 from utils.hyperparameters import HYP  # noqa: E402
-from utils.images import cache_images  # noqa: E402
-from utils.labels import load_verified  # noqa: E402
 from utils.loss import DetectionLoss  # noqa: E402
-from utils.shapes import make_shapes  # noqa: E402
 
 
 def machine():

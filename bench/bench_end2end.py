@@ -32,9 +32,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from models.predict import detect_image, load  # noqa: E402
-from utils.checkpoint import load_checkpoint  # noqa: E402
-from utils.dataset_yaml import load_dataset_yaml  # noqa: E402
-from utils.labels import list_images  # noqa: E402
+from utils.checkpoints.ours import load_checkpoint  # noqa: E402
+from utils.data.dataset_yaml import load_dataset_yaml  # noqa: E402
+from utils.data.labels import list_images  # noqa: E402
 
 
 def export(weights, size, folder, data):

@@ -28,11 +28,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.yolo import YOLO  # noqa: E402
-from utils import data as D  # noqa: E402
-from utils import labels as L  # noqa: E402
 from utils.coco import detections_to_coco, ground_truth  # noqa: E402
+from utils.data import labels as L  # noqa: E402
+from utils.data import loader as D  # noqa: E402
+from utils.data.records import Records  # noqa: E402
 from utils.evaluate import coco_map, fast_map, predict_dataset  # noqa: E402
-from utils.records import Records  # noqa: E402
 
 COCO_TRAIN, COCO_VAL = 118_287, 5_000
 

@@ -4,7 +4,7 @@
     python bench/class_imbalance.py --only plain & python bench/class_imbalance.py --only auto   # side by side
     python bench/class_imbalance.py --epochs 2 --train 40 --val 20   # a quick look
 
-The set: the built-in shapes (utils/shapes.py) with two classes, circle and star, drawn 50:1 in the train split;
+The set: the built-in shapes (utils/data/shapes.py) with two classes, circle and star, drawn 50:1 in the train split;
 the val split draws both equally often, so that the rare class's AP is measured on as many objects as the common
 one's (at 50:1 the val split would hold a handful of stars). Both runs: the same seed, settings, data; one with
 `--cls-weights auto`. Each best.pt is then scored by val.py (pycocotools). Printed: a table row per run (the rare
@@ -26,7 +26,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from utils.shapes import NAMES, make_shapes  # noqa: E402
+from utils.data.shapes import NAMES, make_shapes  # noqa: E402
 
 COMMON, RARE = "circle", "star"
 

@@ -1,5 +1,5 @@
 """Which layers export.py --int8 must leave in float: the INT8 ONNX and OpenVINO exports with each candidate set
-of float layers (KEEP_FLOAT in utils/export_writers.py), their mAP50-95 next to the checkpoint's and their median
+of float layers (KEEP_FLOAT in utils/export/writers.py), their mAP50-95 next to the checkpoint's and their median
 latency at batch 1.
 
     python bench/int8_float_layers.py --weights runs/train/exp/weights/best.pt --imgsz 640 --val-images 100
@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import export  # noqa: E402
-from utils import export_writers  # noqa: E402
+from utils.export import writers as export_writers  # noqa: E402
 
 DECODE = r"^/head/(?!(box|cls)\.)"  # everything of the head after its convolutions: DFL, anchors, concatenations
 CANDIDATES = {

@@ -11,7 +11,7 @@ against one ground truth.
     python bench/real_data_benchmark.py --table
 
 The dataset is read where it lies and nothing is written into its folder. This repo trains through a dataset yaml
-written to OUT/data/voc.yaml (`voc: FOLDER`: ImageSets/Main/train.txt and val.txt as published, utils/voc.py).
+written to OUT/data/voc.yaml (`voc: FOLDER`: ImageSets/Main/train.txt and val.txt as published, utils/data/voc.py).
 Ultralytics cannot read VOC, so it gets OUT/data/yolo: the images as symlinks and YOLO txt labels written from the
 very records this repo trains on (the same images, the same boxes; `difficult` ones left out of training as on our
 side; a box the reader refuses takes the same way on both). The ground truth, OUT/data/val_gt.json, is built once
@@ -45,9 +45,9 @@ sys.path.insert(0, str(REPO))  # run as `python bench/real_data_benchmark.py`: f
 from bench.peer import find_peer_python  # noqa: E402
 from bench.recipe_benchmark import RECIPE, run_logged, train_command  # noqa: E402
 from utils.coco import records_to_coco  # noqa: E402
-from utils.dataset_yaml import DatasetError, load_dataset_yaml  # noqa: E402
+from utils.data.dataset_yaml import DatasetError, load_dataset_yaml  # noqa: E402
+from utils.data.labels import load_verified  # noqa: E402
 from utils.evaluate import coco_map  # noqa: E402
-from utils.labels import load_verified  # noqa: E402
 
 SAME = ["optimizer=AdamW", "lr0=0.002"]  # Ultralytics' spelling of RECIPE
 # name: (repo, extra arguments): train.py flags for this repo, train() settings for Ultralytics (--model: the file)

@@ -17,9 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as `python bench/score_detections.py`: find utils/
 
 from utils.coco import records_to_coco  # noqa: E402
-from utils.dataset_yaml import load_dataset_yaml  # noqa: E402
+from utils.data.dataset_yaml import load_dataset_yaml  # noqa: E402
+from utils.data.labels import load_verified  # noqa: E402
 from utils.evaluate import coco_map  # noqa: E402
-from utils.labels import load_verified  # noqa: E402
 
 
 def score(data_yaml, detections_json, split="val", category_offset=0):

@@ -1,4 +1,4 @@
-"""Proof that an Ultralytics checkpoint read by this repo (utils/ultralytics_checkpoint.py) is the same network:
+"""Proof that an Ultralytics checkpoint read by this repo (utils/checkpoints/ultralytics.py) is the same network:
 the same raw outputs, the same detect.py boxes and the same val.py mAP as Ultralytics itself gives.
 
 Run with the peer environment's Python (ultralytics installed there, never in this repo's; `bench/peer_env.sh DIR`

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as `python data/yolo2coco.py`: find utils/
 
 from utils.coco import yolo_to_coco  # noqa: E402
-from utils.dataset_yaml import DatasetError, load_dataset_yaml  # noqa: E402
+from utils.data.dataset_yaml import DatasetError, load_dataset_yaml  # noqa: E402
 
 
 def main(argv=None):

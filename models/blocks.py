@@ -2,7 +2,7 @@
 the attention of YOLO11's C2PSA and YOLO26's last neck block, and SPPF. models/yolo.py puts them together.
 
 Their attribute names (conv, bn, cv1, cv2, m, attn.qkv, ...) are Ultralytics' layer names, so the parameter names
-of a model (its state_dict keys) are what utils/ultralytics_checkpoint.py maps their checkpoints onto: renaming
+of a model (its state_dict keys) are what utils/checkpoints/ultralytics.py maps their checkpoints onto: renaming
 one breaks every saved checkpoint and the conversion.
 """
 

@@ -23,8 +23,8 @@ import torch
 
 from models.weights import load_weights
 from utils.boxes import scale_boxes_to_original
-from utils.checkpoint import CheckpointError
-from utils.images import read_image
+from utils.checkpoints.ours import CheckpointError
+from utils.data.images import read_image
 from utils.inference import from_pytorch, postprocess, preprocess
 
 
@@ -45,7 +45,7 @@ def load(weights, device="cpu", half=False, nms=False):
     runs in the precision it was exported in. nms: a YOLO26 .pt answers with its one-to-many head, and NMS
     follows (Ultralytics' default for YOLO26), instead of its NMS-free head; no change for the other models.
     device: "cpu", "cuda", "cuda:1", "1" or a torch.device. A missing, broken or foreign file raises
-    utils.checkpoint.CheckpointError (a ValueError) with one sentence that names the file."""
+    utils.checkpoints.ours.CheckpointError (a ValueError) with one sentence that names the file."""
     device = torch.device(f"cuda:{device}" if str(device).isdigit() else device)
     loaded = load_weights(weights, device)
     if loaded.checkpoint is not None:  # a .pt: its network, built

@@ -4,13 +4,13 @@ models/predict.py load weights.
     from models.weights import load_weights
 
     loaded = load_weights("best.pt")  # or yolo11n.pt (Ultralytics'), best.onnx, best_openvino_model/, ...
-    loaded.kind   # "ours", "ultralytics", or the export format's name (utils/export_formats.py): "onnx", ...
+    loaded.kind   # "ours", "ultralytics", or the export format's name (utils/export/formats.py): "onnx", ...
     loaded.model  # a .pt: the YOLO network (eval, fused); an exported file: utils.inference's model dict
 
-The path goes down once: load_weights -> utils/checkpoint.py read_checkpoint, which opens and reads the file
-once (torch.load(weights_only=True); Ultralytics' pickled objects through utils/safe_unpickle.py, then
-utils/ultralytics_checkpoint.py) -> model_from_checkpoint here, which builds models.yolo.YOLO. A file or folder
-export.py wrote (told by its suffix, utils/export_formats.py) goes to utils.inference.load_exported instead.
+The path goes down once: load_weights -> utils/checkpoints/ours.py read_checkpoint, which opens and reads the file
+once (torch.load(weights_only=True); Ultralytics' pickled objects through utils/checkpoints/safe_unpickle.py, then
+utils/checkpoints/ultralytics.py) -> model_from_checkpoint here, which builds models.yolo.YOLO. A file or folder
+export.py wrote (told by its suffix, utils/export/formats.py) goes to utils.inference.load_exported instead.
 
 A module of its own because train.py needs a checkpoint without the inference code of models/predict.py, and
 models/yolo.py stays the network alone. Also here: what fine-tuning takes from a checkpoint (architecture,
@@ -22,14 +22,14 @@ from typing import NamedTuple
 import torch
 
 from models.yolo import SCALES, YOLO
-from utils.checkpoint import FORMAT, CheckpointError, checkpoint_weights, read_checkpoint
-from utils.export_formats import format_of
+from utils.checkpoints.ours import FORMAT, CheckpointError, checkpoint_weights, read_checkpoint
+from utils.export.formats import format_of
 from utils.inference import load_exported
 
 
 class Weights(NamedTuple):
     """What a weights file turned out to be (kind), and what load_weights built from it.
-    checkpoint: a .pt's contents (utils/checkpoint.py: scale, nc, names, imgsz, model, args, ...); None for an
+    checkpoint: a .pt's contents (utils/checkpoints/ours.py: scale, nc, names, imgsz, model, args, ...); None for an
     exported file. model: a .pt's network (models.yolo.YOLO in eval, Conv+BN fused), or the dict of
     utils.inference.load_exported for an exported file; None when load_weights was asked not to build."""
 

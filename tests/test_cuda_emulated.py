@@ -26,9 +26,9 @@ from test_train import tensors_equal
 import utils.loss
 import utils.optim
 from models.yolo import YOLO
-from utils.data import multi_scale_size
+from utils.data.loader import multi_scale_size
+from utils.data.shapes import make_shapes
 from utils.loss import DetectionLoss
-from utils.shapes import make_shapes
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--model", "n", "--imgsz", "64", "--workers", "0", "--device", "0", "--warmup-epochs", "0", "--accumulate", "1"]

@@ -22,9 +22,10 @@ import numpy as np
 import pytest
 import torch
 
-from utils import data as D
-from utils import labels as L
-from utils.augment import (
+from utils.boxes import scale_boxes_to_original
+from utils.data import labels as L
+from utils.data import loader as D
+from utils.data.augment import (
     PAD_VALUE,
     draw_tiles,
     drawn_boxes,
@@ -34,14 +35,13 @@ from utils.augment import (
     random_affine_matrix,
     tile_boxes,
 )
-from utils.boxes import scale_boxes_to_original
-from utils.dataset_yaml import DatasetError, load_dataset_yaml
+from utils.data.dataset_yaml import DatasetError, load_dataset_yaml
+from utils.data.images import cache_images, read_image, resized_shapes
+from utils.data.records import Records
+from utils.data.shapes import NAMES, STYLES, draw_image, make_shapes
 from utils.distributed import NodeShare
 from utils.hyperparameters import HYP
-from utils.images import cache_images, read_image, resized_shapes
-from utils.records import Records
 from utils.settings import apply_dataset_defaults
-from utils.shapes import NAMES, STYLES, draw_image, make_shapes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -514,7 +514,7 @@ def test_read_only_dataset_folder_still_works(tmp_path, monkeypatch, log_lines):
 
 
 def test_array_backed_records_yield_exactly_the_samples_of_the_list_of_dicts(tmp_path):
-    # The records as the code held them before utils/records.py: a list of dicts with the float64 label rows
+    # The records as the code held them before utils/data/records.py: a list of dicts with the float64 label rows
     # verify_one returns. The flat-array Records must give bitwise the same samples (same seed, epoch, index),
     # else a run resumed across the change would not be exact.
     make_shapes(tmp_path / "shapes", n_train=10, n_val=2, seed=5, size=96)
@@ -833,13 +833,13 @@ def test_cache_ram_that_would_not_fit_falls_back_to_reading_from_disk(tmp_path, 
     records = L.load_verified([folder], nc=4, split_name="train")
     need = int((resized_shapes(records.shapes, 64).prod(1) * 3).sum())
     assert need == 4 * 48 * 64 * 3  # estimated from the sizes in the records, before anything is decoded
-    monkeypatch.setattr("utils.images.available_memory", lambda: need)  # fits, but without 20% to spare
+    monkeypatch.setattr("utils.data.images.available_memory", lambda: need)  # fits, but without 20% to spare
     dataset = D.TrainDataset(records, 64, HYP, seed=3, cache=cache_images(records, 64))
     assert dataset.cache is None
     warning = next(m for m in log_lines() if m.startswith("--cache ram"))
     assert "training without the RAM cache" in warning and f"{need / 1e9:.1f} GB" in warning
     assert torch.equal(dataset[0, 1][0], D.TrainDataset(records, 64, HYP, seed=3)[0, 1][0])  # and it trains
-    monkeypatch.setattr("utils.images.available_memory", lambda: 2 * need)
+    monkeypatch.setattr("utils.data.images.available_memory", lambda: 2 * need)
     assert D.TrainDataset(records, 64, HYP, seed=3, cache=cache_images(records, 64)).cache is not None
 
 
@@ -1079,7 +1079,7 @@ def test_shapes_set_is_deterministic_and_generated_on_first_use(tmp_path):
     # First use through a dataset yaml: generated, then reused (not regenerated) the second time.
     (tmp_path / "shapes.yaml").write_text(
         "path: generated\ntrain: images/train\nval: images/val\nnames: [" + ", ".join(NAMES) + "]\n"
-        "generated_by: utils/shapes.py\ngenerator_settings: {n_train: 4, n_val: 2, size: 64}\n"
+        "generated_by: utils/data/shapes.py\ngenerator_settings: {n_train: 4, n_val: 2, size: 64}\n"
     )
     data = load_dataset_yaml(tmp_path / "shapes.yaml")
     assert len(L.list_images(data["train"])) == 4 and len(L.list_images(data["val"])) == 2

@@ -25,8 +25,8 @@ from test_export import make_checkpoint, one_thread, scene  # noqa: F401 (one_th
 
 import export
 from models.predict import load, predict
-from utils import export_writers
-from utils.checkpoint import CheckpointError
+from utils.checkpoints.ours import CheckpointError
+from utils.export import writers as export_writers
 from utils.inference import compare_detections, load_exported
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from utils.coco import detections_to_coco, ground_truth
+from utils.data.records import Records
 from utils.evaluate import coco_map, fast_map, matches_from_cocoeval, precision_recall
-from utils.records import Records
 
 
 def synthetic_set(seed, n_images=60, nc=6):
@@ -76,11 +76,11 @@ def test_validation_loss_comes_from_the_same_forward_as_the_detections(tmp_path)
     import torch
 
     from models.yolo import YOLO
-    from utils.data import ValDataset, make_loader
+    from utils.data.labels import load_verified
+    from utils.data.loader import ValDataset, make_loader
+    from utils.data.shapes import make_shapes
     from utils.evaluate import epoch_metrics
-    from utils.labels import load_verified
     from utils.loss import DetectionLoss
-    from utils.shapes import make_shapes
 
     make_shapes(tmp_path / "shapes", n_train=1, n_val=4, seed=1, size=96)
     records = load_verified([str(tmp_path / "shapes/images/val")], 6, "val")

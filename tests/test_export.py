@@ -25,9 +25,10 @@ import export
 from models.predict import load
 from models.weights import model_from_checkpoint
 from models.yolo import YOLO
-from utils import export_formats, export_writers
 from utils.boxes import non_max_suppression
-from utils.checkpoint import FORMAT, CheckpointError, save_checkpoint
+from utils.checkpoints.ours import FORMAT, CheckpointError, save_checkpoint
+from utils.export import formats as export_formats
+from utils.export import writers as export_writers
 from utils.inference import compare_detections, load_exported, postprocess, preprocess
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,11 +19,11 @@ import yaml
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from utils import shapes
 from utils.coco import detections_to_coco, ground_truth
-from utils.dataset_yaml import DatasetError, load_dataset_yaml
+from utils.data import shapes
+from utils.data.dataset_yaml import DatasetError, load_dataset_yaml
+from utils.data.labels import load_verified
 from utils.evaluate import coco_map, fast_map
-from utils.labels import load_verified
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--model", "n", "--imgsz", "64", "--batch", "4", "--workers", "0", "--device", "cpu", "--warmup-epochs", "0"]

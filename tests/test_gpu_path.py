@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from models.yolo import YOLO, Detect
-from utils import checkpoint, distributed
+from utils import distributed
 from utils.boxes import make_anchors
-from utils.data import multi_scale_max, multi_scale_size
+from utils.checkpoints import ours as checkpoint
+from utils.data.loader import multi_scale_max, multi_scale_size
 from utils.evaluate import coco_map
 from utils.loss import DetectionLoss
 

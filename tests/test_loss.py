@@ -13,9 +13,9 @@ import warm_python
 import yaml
 
 from models.yolo import YOLO
+from utils.data.shapes import make_shapes
 from utils.loss import DetectionLoss
 from utils.monitor import epoch_line, progress_text
-from utils.shapes import make_shapes
 
 REPO = Path(__file__).resolve().parents[1]
 FAULTS = ["assign_on_cpu", "oom_skipped_steps", "nonfinite_skipped_steps"]

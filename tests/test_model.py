@@ -6,8 +6,8 @@ import torch
 
 from models.yolo import SCALES, YOLO, count_gflops, count_parameters
 from utils.assigner import assign_targets
-from utils.augment import letterbox
 from utils.boxes import make_anchors, non_max_suppression, scale_boxes_to_original
+from utils.data.augment import letterbox
 from utils.loss import DetectionLoss, one_to_many_weight
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -15,7 +15,7 @@ from test_export import make_checkpoint, one_thread, scene  # noqa: F401 (one_th
 import detect
 import export
 from models.predict import Detections, load, predict
-from utils.checkpoint import CheckpointError
+from utils.checkpoints.ours import CheckpointError
 from utils.inference import compare_detections
 
 CONF = 0.5

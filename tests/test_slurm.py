@@ -17,7 +17,7 @@ import yaml
 from test_train import load, tensors_equal
 
 from utils import distributed
-from utils.shapes import make_shapes
+from utils.data.shapes import make_shapes
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--model", "n", "--imgsz", "64", "--batch", "4", "--workers", "0", "--device", "cpu", "--warmup-epochs", "0"]

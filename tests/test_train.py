@@ -23,7 +23,7 @@ import torch
 import warm_python
 import yaml
 
-from utils.shapes import make_shapes
+from utils.data.shapes import make_shapes
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--model", "n", "--imgsz", "64", "--batch", "4", "--workers", "0", "--device", "cpu", "--warmup-epochs", "0"]
@@ -543,7 +543,7 @@ def test_bad_dataset_yaml_and_bad_checkpoint_get_one_sentence(tmp_path):
 
 
 def test_resume_wants_a_last_pt_and_finds_the_newest(tmp_path, monkeypatch):
-    from utils.checkpoint import CheckpointError, load_resume_checkpoint, save_checkpoint
+    from utils.checkpoints.ours import CheckpointError, load_resume_checkpoint, save_checkpoint
 
     monkeypatch.chdir(tmp_path)  # --resume without a path looks under ./runs/train
     with pytest.raises(CheckpointError, match="no runs/train/"):
@@ -905,7 +905,7 @@ def test_reg_max_1_trains_11n_without_dfl_and_its_checkpoint_rebuilds_that_netwo
     val.py, detect.py and export.py (model_from_checkpoint), a resume and a fine-tune from the .pt rebuild it from the
     weights."""
     from models.weights import architecture, model_from_checkpoint
-    from utils.checkpoint import load_checkpoint
+    from utils.checkpoints.ours import load_checkpoint
 
     tiny = [*TINY, "--model", "11n", "--val-every", "9"]  # the last --model wins: 11n
     run(["--data", tiny_data, "--epochs", "1", "--reg-max", "1", "--out", tmp_path / "nodfl", *tiny])

@@ -24,10 +24,10 @@ import yaml
 import models.yolo
 from models.weights import model_from_checkpoint
 from models.yolo import YOLO
-from utils.checkpoint import CheckpointError, load_checkpoint
-from utils.safe_unpickle import read_pickled_checkpoint
-from utils.shapes import make_shapes
-from utils.ultralytics_checkpoint import FAMILIES, LAYER_NAMES
+from utils.checkpoints.ours import CheckpointError, load_checkpoint
+from utils.checkpoints.safe_unpickle import read_pickled_checkpoint
+from utils.checkpoints.ultralytics import FAMILIES, LAYER_NAMES
+from utils.data.shapes import make_shapes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -266,7 +266,7 @@ def load_in_fresh_process(path):
     VmHWM (Linux) is the child's own peak; resetting it drops what importing torch used only for a moment."""
     script = (
         "import json, sys\n"
-        "from utils.checkpoint import load_checkpoint\n"
+        "from utils.checkpoints.ours import load_checkpoint\n"
         "def peak_mib():\n"
         "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')) / 1024\n"
         "try:\n"

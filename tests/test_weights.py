@@ -14,10 +14,10 @@ from test_ultralytics_checkpoint import (  # noqa: F401 (fake_ultralytics: a fix
 )
 
 import export
-import utils.checkpoint
+import utils.checkpoints.ours
 from models.weights import load_weights
 from models.yolo import YOLO
-from utils.checkpoint import CheckpointError
+from utils.checkpoints.ours import CheckpointError
 
 
 def opens_of(path, monkeypatch):
@@ -56,8 +56,8 @@ def test_an_ultralytics_pt_is_ultralytics_and_read_once(fake_ultralytics, tmp_pa
     save_like_ultralytics(ultralytics_model(ours, "11"), path)
     fake_ultralytics()
     reads = []
-    real_read = utils.checkpoint.read_pickled_checkpoint
-    monkeypatch.setattr(utils.checkpoint, "read_pickled_checkpoint", lambda f: reads.append(f) or real_read(f))
+    real_read = utils.checkpoints.ours.read_pickled_checkpoint
+    monkeypatch.setattr(utils.checkpoints.ours, "read_pickled_checkpoint", lambda f: reads.append(f) or real_read(f))
     opened = opens_of(path, monkeypatch)
     loaded = load_weights(path, build=False)
     assert loaded.kind == "ultralytics" and loaded.model is None

@@ -1,6 +1,6 @@
 """COCO format for scoring: verified records -> COCO ground truth (what pycocotools evaluates against), or the
 dataset's original COCO json; detections -> COCO detection dicts. A COCO json dataset is read as it is by
-utils/coco_json.py, without converting it."""
+utils/data/coco_json.py, without converting it."""
 
 import json
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def records_to_coco(records, names, file_names=None, first_image_id=0, decimals=None):
-    """The one YOLO -> COCO conversion: a COCO instances dict from verified YOLO records (utils.records.Records
+    """The one YOLO -> COCO conversion: a COCO instances dict from verified YOLO records (utils.data.records.Records
     or dicts {"im", "shape" (h, w), "labels" [[cls, x1, y1, x2, y2] normalised]}), boxes in pixels.
 
     Category ids, the same everywhere in this repo (val.py's ground_truth.json and predictions.json,
@@ -63,7 +63,7 @@ def ground_truth(records, names, coco_json=None):
     """(COCO ground-truth dict, image id of each record, category id of each class index).
     With the dataset's original COCO json, the official annotations are used (crowd regions and
     all), so COCO val numbers are the official ones. Images are matched by the id a COCO json split's
-    records carry (utils/coco_json.py), else by file name (YOLO labels beside a `coco_json:` key)."""
+    records carry (utils/data/coco_json.py), else by file name (YOLO labels beside a `coco_json:` key)."""
     if coco_json is None:
         return records_to_coco(records, names), list(range(len(records))), list(range(len(names)))
     gt = json.loads(Path(coco_json).read_text())
@@ -93,11 +93,11 @@ def ground_truth(records, names, coco_json=None):
 
 def yolo_to_coco(sources, names):
     """A COCO instances dict from YOLO images + labels (folders or .txt lists), or from any split a dataset yaml
-    reads (a VOC one too). Every image is verified first (see utils.labels.verify_one): broken ones are left out
+    reads (a VOC one too). Every image is verified first (see utils.data.labels.verify_one): broken ones are left out
     and returned with their reason. Image and annotation ids start at 1; category id = class index
     (records_to_coco's convention); file_name is the path relative to the images' common folder; boxes rounded
     to 1e-3 px. Returns (dict, problems)."""
-    from utils.labels import annotated_items, list_images, verify_annotated, verify_one
+    from utils.data.labels import annotated_items, list_images, verify_annotated, verify_one
 
     items = annotated_items(sources)
     files = list_images(sources) if items is None else items

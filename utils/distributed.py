@@ -110,7 +110,7 @@ def slurm_tasks_on_this_node(env):
 
 
 class NodeShare(NamedTuple):
-    """What the processes of one machine need to share one thing between them (utils.images.cache_images:
+    """What the processes of one machine need to share one thing between them (utils.data.images.cache_images:
     one copy of the decoded images): who they are, a name unique to the run, and the collectives to agree by."""
 
     local_rank: int

@@ -209,7 +209,7 @@ def fast_map(results, records, nc, max_det=300):
     them (area 'all', up to max_det detections per image, 101 recall points, the precision envelope) from
     the YOLO labels, in numpy, without building a COCO dict per detection: a second or two on COCO val
     instead of a minute. Agrees with coco_map within 0.005 (tested); val.py and the end of training report
-    pycocotools' numbers, the official ones. results: predict_dataset's; records: utils.records.Records."""
+    pycocotools' numbers, the official ones. results: predict_dataset's; records: utils.data.records.Records."""
     n_gt = np.bincount(records.labels[:, 0].astype(int), minlength=nc)[:nc]
     scores, classes, tps = [np.zeros(0)], [np.zeros(0, int)], [np.zeros((0, len(IOU_THRESHOLDS)), bool)]
     ignored = [np.zeros((0, len(IOU_THRESHOLDS)), bool)]  # on a VOC difficult / COCO crowd box: neither tp nor fp

@@ -1,6 +1,6 @@
 """What a run does when something goes wrong: the mechanics. The decisions (skip a step, stop after N in a row)
 are taken in train.py's loop, where they can be read in order; each fault that can be handled where it happens is
-handled there (the label assignment's out-of-memory in utils/loss.py, an unreadable image in utils/data.py).
+handled there (the label assignment's out-of-memory in utils/loss.py, an unreadable image in utils/data/loader.py).
 
 - StopRequest:           SIGTERM (cluster pre-emption) and Ctrl+C become "save last.pt after this step, exit 0"
 - realign_ddp:           after a dropped accumulation window, every DDP rank back in the same state

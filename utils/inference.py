@@ -13,7 +13,7 @@ A loaded model is a plain dict:
 
 PyTorch checkpoints are built by the scripts and models/predict.py (utils never imports models/) and wrapped
 here with `from_pytorch`; exported files are opened with `load_exported`, which finds the file's row in the table
-of formats (utils/export_formats.py) and calls its load function (utils/export_loaders.py).
+of formats (utils/export/formats.py) and calls its load function (utils/export/loaders.py).
 """
 
 import time
@@ -23,10 +23,10 @@ import numpy as np
 import torch
 import torchvision  # also registers torchvision::nms, which a TorchScript file with NMS inside calls
 
-from utils import export_formats
-from utils.augment import letterbox
 from utils.boxes import non_max_suppression
-from utils.checkpoint import CheckpointError
+from utils.checkpoints.ours import CheckpointError
+from utils.data.augment import letterbox
+from utils.export import formats as export_formats
 
 
 def preprocess(img_rgb, imgsz):
@@ -83,7 +83,7 @@ def from_pytorch(model, device, half=False, data=None, single_cls=False):
 
 
 def load_exported(path, device=torch.device("cpu")):
-    """Open a file or folder written by export.py with the load function of its row in utils/export_formats.py
+    """Open a file or folder written by export.py with the load function of its row in utils/export/formats.py
     (picked by its suffix; a folder is the folder format's, OpenVINO's). Anything else, or a runtime that is not
     installed (looked up without importing it): CheckpointError with one sentence saying why, or its pip line."""
     path = Path(path)

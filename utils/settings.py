@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from utils.dataset_yaml import DatasetError
+from utils.data.dataset_yaml import DatasetError
 
 
 def explicit_flags(parser, argv):
@@ -89,7 +89,7 @@ def resume_arguments(parser, args, given_flags, sources=None):
     `sources`, where given, records the values the resumed run brings back, and an --epochs that extends it."""
     if not args.resume:
         return args, None
-    from utils.checkpoint import load_resume_checkpoint  # torch: only when resuming
+    from utils.checkpoints.ours import load_resume_checkpoint  # torch: only when resuming
 
     path, ckpt = load_resume_checkpoint(args.resume if isinstance(args.resume, str) else None)
     changeable = ["device", "workers"] + [k for k in ("amp", "amp_dtype", "batch", "epochs") if k in given_flags]

@@ -2,7 +2,7 @@
 utils/inference.py, and the metadata every exported file carries so that nothing else is needed to run it.
 
 A load function takes (path, device) and returns the dict without "backend" (load_exported adds the row's runtime
-name); the table in utils/export_formats.py names it for its
+name); the table in utils/export/formats.py names it for its
 format, and utils.inference.load_exported picks the row by the file's suffix. The packages a row lists are checked
 before its load function runs, so these import them plainly. Anything wrong with the file itself: CheckpointError
 with one sentence naming it.
@@ -20,7 +20,7 @@ import zipfile
 import numpy as np
 import torch
 
-from utils.checkpoint import FORMAT, CheckpointError
+from utils.checkpoints.ours import FORMAT, CheckpointError
 
 METADATA_FILE = "metadata.json"  # inside a TorchScript file (_extra_files) and in the zip appended to a .tflite
 OPENVINO_METADATA = ["yolo_flat", "metadata"]  # where export.py puts the metadata in the IR's rt_info

@@ -1,6 +1,6 @@
 """The built-in `shapes` dataset: generated on first use, deterministic, no download.
 
-Run it by hand with `python -m utils.shapes --out datasets/shapes`; train.py and val.py
+Run it by hand with `python -m utils.data.shapes --out datasets/shapes`; train.py and val.py
 call `make_shapes` when `data/shapes.yaml` points at a folder that does not exist yet.
 
 What makes it worth learning (and not a toy that a 3x3 filter solves):

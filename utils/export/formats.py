@@ -2,8 +2,8 @@
 what --benchmark writes, the packages each needs (and the pip line when one is missing), how a file is written and
 how load_exported (utils/inference.py) opens it all come from its rows.
 
-Adding a format is one row here, its write function (utils/export_writers.py) and its load function
-(utils/export_loaders.py). Nothing else names a format.
+Adding a format is one row here, its write function (utils/export/writers.py) and its load function
+(utils/export/loaders.py). Nothing else names a format.
 """
 
 import importlib.util
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from utils.export_loaders import load_onnx, load_openvino, load_tflite, load_torchscript
-from utils.export_writers import write_onnx, write_openvino, write_tflite, write_torchscript
+from utils.export.loaders import load_onnx, load_openvino, load_tflite, load_torchscript
+from utils.export.writers import write_onnx, write_openvino, write_tflite, write_torchscript
 
 
 class Package(NamedTuple):
@@ -36,7 +36,7 @@ class ExportFormat:
     title: str  # what the format is called
     runtime: str  # what runs it: the model dict's "backend", the gate's sentence and the benchmark table's rows
     suffix: str  # of the file, or of the file inside the folder (folder=True)
-    write: Callable  # write(module, x, path, args, metadata, calibration), see utils/export_writers.py
+    write: Callable  # write(module, x, path, args, metadata, calibration), see utils/export/writers.py
     load: Callable  # load(path, device) -> the model dict of utils/inference.py without "backend"
     options: tuple = OPTIONS  # which of OPTIONS it takes
     benchmark: tuple = ("fp32",)  # the precisions --benchmark writes

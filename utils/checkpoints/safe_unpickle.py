@@ -12,8 +12,8 @@ middle way: a restricted unpickler that
 - records which names were *called* (a pickle's __reduce__ that wants to run os.system shows up there).
 
 What comes back is data to read: a stubbed nn.Module keeps its `_parameters`, `_buffers` and `_modules`
-in `.state`, which utils/ultralytics_checkpoint.py walks like Module.state_dict() does. This module only reads;
-utils/checkpoint.py calls it on the file it opened, then hands the result to utils/ultralytics_checkpoint.py.
+in `.state`, which utils/checkpoints/ultralytics.py walks like Module.state_dict() does. This module only reads;
+utils/checkpoints/ours.py calls it on the file it opened, then hands the result to utils/checkpoints/ultralytics.py.
 
 A hostile file is bounded by its own size: only uncompressed (STORED) entries are read, as torch.save() writes
 them, and never more bytes than the file holds; a storage must have the bytes its reference claims; a tensor
@@ -214,7 +214,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
 def read_pickled_checkpoint(file):
     """(object, names called) from a torch.save() zip file, with every non-data class stubbed. file: a path, or a
-    binary file object open for reading (utils/checkpoint.py passes the one it opened, so the file is opened once).
+    binary file object open for reading (utils/checkpoints/ours.py passes the one it opened: one open per file).
     Raises ValueError with a short reason, one line, for anything else, hostile files included."""
     try:
         if isinstance(file, (str, os.PathLike)):

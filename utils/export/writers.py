@@ -1,4 +1,4 @@
-"""How each format is written: a write function per row of the table in utils/export_formats.py, all called as
+"""How each format is written: a write function per row of the table in utils/export/formats.py, all called as
 write(module, x, path, args, metadata, calibration) by export.py.
 
 module: the fused network (or ModelWithNMS around it) in the precision to trace; x: an input of the exported size;
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torchvision
 
-from utils.export_loaders import METADATA_FILE, OPENVINO_METADATA, export_metadata
+from utils.export.loaders import METADATA_FILE, OPENVINO_METADATA, export_metadata
 
 # Layers left in float by --int8, found by measurement (bench/int8_float_layers.py, README "Deploy"): regular
 # expressions on the ONNX node names (OpenVINO keeps them). The box decoding after the head's convolutions: DFL

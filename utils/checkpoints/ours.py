@@ -6,8 +6,8 @@ stranger cannot run code. It holds what is needed to rebuild the model without t
 command (scale, nc, names, imgsz); last.pt adds the whole training state for an exact resume.
 
 Reading goes down, never back: read_checkpoint opens the file once and tries torch.load(weights_only=True);
-a file of pickled objects (Ultralytics') is read from the same open file by utils/safe_unpickle.py and
-converted by utils/ultralytics_checkpoint.py, which only looks at what was read. models/weights.py builds
+a file of pickled objects (Ultralytics') is read from the same open file by utils/checkpoints/safe_unpickle.py and
+converted by utils/checkpoints/ultralytics.py, which only looks at what was read. models/weights.py builds
 the network from the result.
 """
 
@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from utils.checkpoints.safe_unpickle import read_pickled_checkpoint
+from utils.checkpoints.ultralytics import convert_ultralytics
 from utils.general import atomic_write
-from utils.safe_unpickle import read_pickled_checkpoint
-from utils.ultralytics_checkpoint import convert_ultralytics
 
 FORMAT = "yolo-flat/1"
 

@@ -1,7 +1,7 @@
 """Labels: what a split is made of, and whether it can be trained on. The image files of a split (the
-sources utils/dataset_yaml.py resolved), their label files, the verification of every image/label pair,
+sources utils/data/dataset_yaml.py resolved), their label files, the verification of every image/label pair,
 and the label cache that makes that verification a one-time cost. YOLO txt labels are read here; a Pascal
-VOC or COCO json split is listed and its boxes read by utils/voc.py and utils/coco_json.py, then verified,
+VOC or COCO json split is listed and its boxes read by utils/data/voc.py and utils/data/coco_json.py, then verified,
 cached and logged here the same way (its cache and log in our cache folder: never in the dataset's).
 
 Nothing here imports torch: data/yolo2coco.py and utils/coco.py read datasets without it.
@@ -21,8 +21,8 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from utils import coco_json, voc
-from utils.annotations import (
+from utils.data import coco_json, voc
+from utils.data.annotations import (
     COORD_TOLERANCE,
     FORMATS_READ,
     IMAGE_SUFFIXES,
@@ -31,11 +31,11 @@ from utils.annotations import (
     DatasetError,
     cache_dir,
 )
-from utils.coco_json import CocoSplit
+from utils.data.coco_json import CocoSplit
+from utils.data.records import Records, as_records
+from utils.data.voc import VocSplit
 from utils.general import atomic_write, write_text_atomic  # tests replace the writers (read-only)
-from utils.records import Records, as_records
 from utils.settings import default_workers
-from utils.voc import VocSplit
 
 CACHE_VERSION = 3  # bump when the record or the checks change: old caches are then rebuilt
 VERIFY_IN_PROCESSES_FROM = 2000  # images; fewer are verified in threads (a process pool costs ~0.1 s to start)
@@ -152,8 +152,9 @@ def verify_one(image_path, nc):
 
 
 def verify_annotated(item):
-    """verify_one for an image of a VOC or COCO json split (item: utils.voc.VocItem or utils.coco_json.CocoItem):
-    the same image checks, then the item's boxes; its record also keeps the boxes to ignore and the json's id."""
+    """verify_one for an image of a VOC or COCO json split (item: utils.data.voc.VocItem or
+    utils.data.coco_json.CocoItem): the same image checks, then the item's boxes; its record also keeps the boxes to
+    ignore and the json's id."""
     try:
         if not os.path.exists(item.image):
             return "missing", None, "image not found"
@@ -270,7 +271,7 @@ def cache_locations(sources, image_files):
 
 
 def annotated_items(sources):
-    """The utils.voc.VocItem / utils.coco_json.CocoItem of every image of a VOC or COCO json split, sorted by
+    """The utils.data.voc.VocItem / utils.data.coco_json.CocoItem of every image of a VOC or COCO json split, sorted by
     image path (as list_images sorts a YOLO split); None for a YOLO split."""
     kinds = {type(s) for s in sources}
     if not kinds & {VocSplit, CocoSplit}:
@@ -319,7 +320,7 @@ def read_cache(cache_path, fingerprint, nc):
 
 def load_verified(sources, nc, split_name="", workers=None):
     """Verify every image/label of a split once and cache the result next to the labels.
-    Returns the good records as utils.records.Records (flat arrays; records[i] is {"im", "shape" (h, w),
+    Returns the good records as utils.data.records.Records (flat arrays; records[i] is {"im", "shape" (h, w),
     "labels" (k, 5) [cls, x1, y1, x2, y2] normalised}). The cache is a binary .npz that loads in a fraction
     of a second. Never writes to the user's images or labels; a read-only dataset folder works (cache elsewhere).
     workers: how many verify at once (default: every core this process may use; under DDP the caller shares

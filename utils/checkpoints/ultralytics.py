@@ -1,7 +1,7 @@
 """Ultralytics YOLOv8 / YOLO11 / YOLO26 checkpoints (yolov8n.pt ... yolo26x.pt, or a `yolo train` run's weights/*.pt)
 turned into this repo's checkpoint format, without the ultralytics package and without running code from
-the file: utils/checkpoint.py reads the file (utils/safe_unpickle.py, every class stubbed) and hands what it read
-to `convert_ultralytics` here, which only looks at data.
+the file: utils/checkpoints/ours.py reads the file (utils/checkpoints/safe_unpickle.py, every class stubbed) and
+hands what it read to `convert_ultralytics` here, which only looks at data.
 
 Their network is a list of layers `model.0 ... model.22` (YOLOv8) or `model.0 ... model.23` (YOLO11) whose
 inner names (conv, bn, cv1, cv2, m.0, attn.qkv, ...) are the ones models/yolo.py uses, so the conversion is
@@ -13,7 +13,7 @@ the scale from the widths, and loading the renamed weights into our model then c
 
 import torch
 
-from utils.safe_unpickle import Stub, stub_name
+from utils.checkpoints.safe_unpickle import Stub, stub_name
 
 # Layer classes, in order, of each family's detection model.
 _V8 = "Conv Conv C2f Conv C2f Conv C2f Conv C2f SPPF Upsample Concat C2f Upsample Concat C2f Conv Concat C2f Conv "
@@ -107,8 +107,8 @@ def our_weights(family, layers, model):
 
 def convert_ultralytics(obj, calls):
     """The contents of our checkpoint (scale, nc, names, imgsz, fp32 weights under our names, source) from what
-    utils.safe_unpickle.read_pickled_checkpoint read from an Ultralytics .pt file: the object and the names its
-    pickle called. Anything else: ValueError whose message says what the file is, to follow its path."""
+    utils.checkpoints.safe_unpickle.read_pickled_checkpoint read from an Ultralytics .pt file: the object and the
+    names its pickle called. Anything else: ValueError whose message says what the file is, to follow its path."""
     model = _find_model(obj)
     cls = stub_name(model)
     risky = [c for c in calls if c.split(".")[0] not in _DATA_MODULES]

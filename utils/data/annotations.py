@@ -1,6 +1,6 @@
-"""What the three label formats read here share: YOLO txt (utils/labels.py), Pascal VOC xml (utils/voc.py) and
-COCO json (utils/coco_json.py). The errors a dataset raises, the rule every box passes, and where our own files
-go. Light on purpose (no cv2, no numpy): utils/dataset_yaml.py imports it, and starts without torch.
+"""What the three label formats read here share: YOLO txt (utils/data/labels.py), Pascal VOC xml (utils/data/voc.py) and
+COCO json (utils/data/coco_json.py). The errors a dataset raises, the rule every box passes, and where our own files
+go. Light on purpose (no cv2, no numpy): utils/data/dataset_yaml.py imports it, and starts without torch.
 """
 
 import math
@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".dng", ".mpo", ".pfm"}
-READER_VERSION = 1  # bump when utils/voc.py or utils/coco_json.py read boxes differently: their caches rebuild
+READER_VERSION = 1  # bump when voc.py or coco_json.py read boxes differently: their caches rebuild
 COORD_TOLERANCE = 0.01  # coordinates this far outside the image (a fraction of its size) are clipped; further: refused
 FORMATS_READ = (
     "YOLO txt (an image folder or a .txt list of images, labels in the matching labels/ folder), "
@@ -35,7 +35,7 @@ def cache_dir():
 
 def pixel_box(x1, y1, x2, y2, w, h, where, written=None):
     """A box in pixels of a w x h image as normalised corners, clipped to the image when it pokes out by at most
-    COORD_TOLERANCE of the image's size (as YOLO rows are: utils/labels.py), or 1 px: exporters disagree by one on
+    COORD_TOLERANCE of the image's size (as YOLO rows are: utils/data/labels.py), or 1 px: exporters disagree by one on
     where pixel 0 is (VOC counts from 1). Raises BadAnnotation naming `where` when it is further out or empty,
     quoting the box as `written` in the file (default: the corners given)."""
     corners = (x1, y1, x2, y2)
@@ -51,7 +51,7 @@ def pixel_box(x1, y1, x2, y2, w, h, where, written=None):
 
 
 def unique_rows(rows):
-    """(rows without exact repeats, how many were dropped): the rule YOLO label files get (utils/labels.py)."""
+    """(rows without exact repeats, how many were dropped): the rule YOLO label files get (utils/data/labels.py)."""
     kept, seen = [], set()
     for row in rows:
         key = (row[0], *(round(v, 6) for v in row[1:]))

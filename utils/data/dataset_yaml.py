@@ -1,6 +1,6 @@
 """The dataset yaml: the format YOLOv5 and Ultralytics users already have, read into the splits' sources,
-the class names and the settings it recommends. A split may also be a Pascal VOC folder (utils/voc.py) or a COCO
-json (utils/coco_json.py), read where they lie. Light on purpose (no cv2, no torch): utils/settings.py
+the class names and the settings it recommends. A split may also be a Pascal VOC folder (utils/data/voc.py) or a COCO
+json (utils/data/coco_json.py), read where they lie. Light on purpose (no cv2, no torch): utils/settings.py
 imports it, and starts without torch.
 """
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from utils import coco_json, voc
-from utils.annotations import FORMATS_READ, DatasetError  # noqa: F401  DatasetError: imported from here too
-from utils.coco_json import CocoSplit
-from utils.voc import VocSplit
+from utils.data import coco_json, voc
+from utils.data.annotations import FORMATS_READ, DatasetError  # noqa: F401  DatasetError: imported from here too
+from utils.data.coco_json import CocoSplit
+from utils.data.voc import VocSplit
 
 log = logging.getLogger("yolo")
 SPLITS = ("train", "val", "test")
@@ -21,7 +21,7 @@ SPLITS = ("train", "val", "test")
 
 def load_dataset_yaml(path):
     """Read a YOLOv5/Ultralytics dataset yaml. Returns a dict with `root`, `train`, `val`, `test`
-    (lists of resolved sources: folders or .txt lists; utils.voc.VocSplit or utils.coco_json.CocoSplit for
+    (lists of resolved sources: folders or .txt lists; utils.data.voc.VocSplit or utils.data.coco_json.CocoSplit for
     those formats), `names` (list), `nc`, `yaml`, `coco_json` (the original json val is scored against, or
     None), `coco_jsons` (the same for each split) and `defaults` (the train.py settings the yaml recommends:
     utils.settings.apply_dataset_defaults). Keys we do not use (`download`, ...) are ignored, so a yaml
@@ -109,8 +109,8 @@ def _dataset_root(cfg, path):
         # and Ultralytics (<working directory>/datasets) read `path: ../datasets/coco` from.
         candidates = [(path.parent / root).resolve(), root.resolve(), (Path("datasets") / root).resolve()]
         root = next((c for c in candidates if c.exists()), candidates[0])
-    if cfg.get("generated_by") == "utils/shapes.py":
-        from utils.shapes import make_shapes  # the built-in set: generated on first use, no download
+    if cfg.get("generated_by") == "utils/data/shapes.py":
+        from utils.data.shapes import make_shapes  # the built-in set: generated on first use, no download
 
         settings = cfg.get("generator_settings") or {}  # optional: n_train, n_val, seed, size
         make_shapes(root, **{k: int(v) for k, v in settings.items() if k in ("n_train", "n_val", "seed", "size")})

@@ -7,7 +7,7 @@ original ids are kept for scoring, which reads the original json itself (utils/c
 `iscrowd` annotations: kept out of the training targets (a crowd region is not one object) and ignored in scoring,
 as pycocotools does.
 
-Light (no cv2): utils/dataset_yaml.py imports it.
+Light (no cv2): utils/data/dataset_yaml.py imports it.
 """
 
 import hashlib
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from utils.annotations import BadAnnotation, DatasetError, cache_dir, pixel_box, unique_rows
+from utils.data.annotations import BadAnnotation, DatasetError, cache_dir, pixel_box, unique_rows
 
 
 @dataclass(frozen=True)

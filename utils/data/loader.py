@@ -1,7 +1,7 @@
 """Data: the training and validation datasets, the deterministic sampler that makes exact resume
 possible, and the loader with its workers' settings and signals.
 
-The records come from utils/labels.py (verified once, cached), the images from utils/images.py (read as
+The records come from utils/data/labels.py (verified once, cached), the images from utils/data/images.py (read as
 RGB uint8, or from the RAM cache the caller built and passed in).
 """
 
@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 import torch
 
-from utils.augment import (
+from utils.data.augment import (
     PAD_VALUE,
     augment_hsv,
     draw_tiles,
@@ -32,8 +32,8 @@ from utils.augment import (
     transform_boxes,
     warp,
 )
-from utils.images import labels_in_pixels, load_original, load_resized, resized_shapes
-from utils.records import as_records
+from utils.data.images import labels_in_pixels, load_original, load_resized, resized_shapes
+from utils.data.records import as_records
 
 # ---------------------------------------------------------------------------------------------
 # Datasets
@@ -56,7 +56,7 @@ class TrainDataset(torch.utils.data.Dataset):
     (seed, epoch, index, its batch), whatever the workers, and exact resume holds."""
 
     def __init__(self, records, imgsz, hyp, seed=0, mosaic_epochs=None, cache=None):
-        """cache: utils.images.cache_images(records, imgsz, ...), one image (or None) per record; None: from disk."""
+        """cache: utils.data.images.cache_images(records, imgsz, ...), one image (or None) per record; None: disk."""
         self.records, self.imgsz, self.hyp, self.seed = records, imgsz, hyp, seed
         self.mosaic_epochs = mosaic_epochs  # mosaic is used while epoch < mosaic_epochs (None: always)
         self.cache = cache

@@ -8,7 +8,7 @@ pages holding the data are only read, and stay shared.
 
 records[i] still gives what the rest of the code reads, a dict {"im": path, "shape": [h, w], "labels":
 (k, 5) float32 array of [class, x1, y1, x2, y2] normalised corners}, built on the fly and dropped after.
-A VOC or COCO json split (utils/voc.py, utils/coco_json.py) also keeps each image's "ignored" boxes (VOC's
+A VOC or COCO json split (utils/data/voc.py, utils/data/coco_json.py) also keeps each image's "ignored" boxes (VOC's
 `difficult`, COCO's `iscrowd`: scored as regions to ignore, never trained on) and, for a json, its "image_id";
 YOLO records have neither (None), and their cache file is the same as before these existed.
 """

@@ -7,7 +7,7 @@ Coordinates: VOC numbers pixels from 1 (xmin 1 is the first column, xmax = width
 `difficult` boxes: kept out of the training targets and scored as ignored regions (utils/coco.py gives them
 iscrowd=1), as VOC's own evaluation ignores them: neither a miss nor a false positive.
 
-Light (no cv2): utils/dataset_yaml.py imports it.
+Light (no cv2): utils/data/dataset_yaml.py imports it.
 """
 
 import glob
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from utils.annotations import IMAGE_SUFFIXES, BadAnnotation, DatasetError, pixel_box, unique_rows
+from utils.data.annotations import IMAGE_SUFFIXES, BadAnnotation, DatasetError, pixel_box, unique_rows
 
 
 @dataclass(frozen=True)

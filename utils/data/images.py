@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from utils.records import as_records
+from utils.data.records import as_records
 
 log = logging.getLogger("yolo")
 
