@@ -244,14 +244,18 @@ def _label_row(line, nc, where):
 def files_fingerprint(image_files):
     """Changes when any image or label is added, removed, resized or touched."""
     h = hashlib.sha256()
-    for f in image_files:
-        for p in (f, label_path(f)):
-            try:
-                st = os.stat(p)
-                h.update(f"{p}|{st.st_size}|{st.st_mtime_ns}\n".encode())
-            except OSError:
-                h.update(f"{p}|-\n".encode())
+    hash_file_stats(h, (p for f in image_files for p in (f, label_path(f))))
     return h.hexdigest()
+
+
+def hash_file_stats(h, paths):
+    """Each path's size and modification time (or its absence) into the hash h."""
+    for p in paths:
+        try:
+            st = os.stat(p)
+            h.update(f"{p}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+        except OSError:
+            h.update(f"{p}|-\n".encode())
 
 
 def cache_locations(sources, image_files):
@@ -291,12 +295,7 @@ def annotated_fingerprint(sources, items):
     for source in sources:  # its repr carries the class order: names (VOC) or category ids (COCO json)
         h.update(f"{source!r}\n".encode())
     annotations = sorted({getattr(item, "xml", None) or item.json for item in items})
-    for p in [item.image for item in items] + annotations:
-        try:
-            st = os.stat(p)
-            h.update(f"{p}|{st.st_size}|{st.st_mtime_ns}\n".encode())
-        except OSError:
-            h.update(f"{p}|-\n".encode())
+    hash_file_stats(h, [item.image for item in items] + annotations)
     return h.hexdigest()
 
 
