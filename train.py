@@ -10,7 +10,7 @@ In order: the command line (every hyperparameter of utils/hyperparameters.py is 
 resolved once (resume, devices, the dataset's defaults, --batch -1, the optimizer; each value that is not --help's
 default is printed with its source and written so in args.yaml; after that args is read-only);
 the model, EMA, optimizer, loss; the Loop state (what last.pt saves, restored on resume) beside training_state;
-the data loaders; a micro-step's pieces (to_device, forward_loss, backward, skip_step); the loop (Warmup,
+the data loaders; a micro-step's pieces (forward_loss, backward, skip_step); the loop (Warmup,
 Forward/Backward, Step, Save/stop, Log; then validation and results.csv); the final evaluation. Helpers: utils/.
 """
 
@@ -115,10 +115,10 @@ add("--val-every", type=int, default=1, help="validate every N epochs (and after
 add("--benchmark", type=int, default=0, help="train N iterations, print images/s, exit")
 add("--profile", action="store_true", help="write a torch profiler trace of a few steps")
 add("--checkpoint-activations", action="store_true", help="recompute activations in backward to save memory")
-add("--compile", action="store_true", help="torch.compile the model (see README: when it pays)")
+add("--compile", action="store_true", help="torch.compile the model (docs/training.md: when it pays)")
 add("--mlflow", action="store_true", help="log to MLflow: MLFLOW_TRACKING_URI, else a file store beside the run folder")
 for key, value in HYP.items():
-    names = [f"--{key}"] + ([f"--{key.replace('_', '-')}"] if "_" in key else [])
+    names = [f"--{key}", f"--{key.replace('_', '-')}"] if "_" in key else [f"--{key}"]
     add(*names, dest=key, type=type(value), default=value, help="hyperparameter")
 args = parser.parse_args()
 given_flags = settings.explicit_flags(parser, sys.argv[1:])
