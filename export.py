@@ -36,7 +36,7 @@ nothing else.
 
 INT8 (--int8) is post-training quantization calibrated on --calib-images images of the training split of
 --data (default: the dataset the checkpoint was trained on), letterboxed exactly as at inference. The layers that
-KEEP_FLOAT (utils/export/writers.py) names stay in float: quantizing them costs mAP for no speed (README, "Deploy").
+KEEP_FLOAT (utils/export/writers.py) names stay in float: quantizing them costs mAP for no speed (docs/deploy.md, INT8).
 
 After writing, each file is run (ONNX Runtime / TorchScript / OpenVINO / LiteRT) on a dataset image (or a generated
 one) next to PyTorch. The largest differences of the raw outputs and of the detections, and the median latencies are

@@ -27,7 +27,7 @@ import torchvision
 
 from utils.export.loaders import METADATA_FILE, OPENVINO_METADATA, export_metadata
 
-# Layers left in float by --int8, found by measurement (bench/int8_float_layers.py, README "Deploy"): regular
+# Layers left in float by --int8, found by measurement (bench/int8_float_layers.py, docs/deploy.md): regular
 # expressions on the ONNX node names (OpenVINO keeps them). The box decoding after the head's convolutions: DFL
 # softmax and expectation, the anchor arithmetic in pixels and the concatenation of box coordinates (0..imgsz) with
 # class probabilities (0..1), which in INT8 share one scale: quantized, ONNX Runtime's INT8 file scored mAP50-95 0.
