@@ -22,7 +22,7 @@ from pathlib import Path
 from models.predict import inference_size, load
 from utils.checkpoints.ours import CheckpointError, weights_or_newest
 from utils.data.dataset_yaml import DatasetError, load_dataset_yaml
-from utils.data.labels import load_verified, single_class
+from utils.data.labels import MAX_PIXELS, load_verified, single_class
 from utils.data.loader import ValDataset, fix_cv2_and_file_limits, make_loader
 from utils.distributed import select_device
 from utils.evaluate import evaluate, format_table
@@ -54,6 +54,9 @@ parser.add_argument(
     action="store_true",
     help="every class as one (automatic for a checkpoint trained with --single-cls)",
 )
+parser.add_argument(
+    "--max-pixels", type=int, default=MAX_PIXELS, help="exclude images with more pixels (decompression bombs)"
+)
 parser.add_argument("--save-json", action="store_true", help="write COCO-format detections to predictions.json")
 parser.add_argument("--out", default="", help="output folder (default runs/val/exp, exp2, ...)")
 args = parser.parse_args()
@@ -70,7 +73,8 @@ try:
     if not (args.data or model["data"]):  # an Ultralytics file names no dataset of ours
         sys.exit(f"error: {weights} does not say which dataset it was trained on; give --data")
     data = load_dataset_yaml(args.data or model["data"])
-    records = load_verified(data[args.split], data["nc"], args.split) if data[args.split] else None
+    split = data[args.split]
+    records = load_verified(split, data["nc"], args.split, max_pixels=args.max_pixels) if split else None
 except (CheckpointError, DatasetError) as e:
     sys.exit(f"error: {e}")
 if records is None:

@@ -2,8 +2,12 @@
 TensorBoard scalars when it is installed, a profiler trace (--profile), and the images/s of --benchmark."""
 
 import csv
+import os
 import time
 from pathlib import Path
+
+from utils.disk import DiskFull, disk_full_sentence, is_disk_full
+from utils.general import write_text_atomic
 
 # Columns renamed since a run may have started: a resumed run keeps its rows' numbers under the new name. YOLO26's
 # L1 distance term was written as dfl_loss before the loss named its parts (utils/loss.py, DetectionLoss.names).
@@ -21,13 +25,33 @@ def start_results_csv(path, columns, resumed_epoch=None):
             rows = [r for r in csv.DictReader(f) if int(r["epoch"]) <= resumed_epoch]
     kept = [[r.get(c) or r.get(RENAMED_COLUMNS.get(c)) or "0" for c in columns] for r in rows]
     lines = [",".join(columns)] + [",".join(values) for values in kept]
-    path.write_text("\n".join(lines) + "\n")
+    try:  # atomic: a full disk must not leave the kept rows truncated
+        write_text_atomic(path, "\n".join(lines) + "\n")
+    except OSError as e:
+        _stop_if_disk_full(e, path, "the previous results.csv is intact")
+        raise
 
 
 def append_results_row(path, row):
-    """One epoch's line of results.csv: floats to 5 significant digits, the rest as written."""
-    with Path(path).open("a") as f:
-        f.write(",".join(f"{v:.5g}" if isinstance(v, float) else str(v) for v in row) + "\n")
+    """One epoch's line of results.csv: floats to 5 significant digits, the rest as written. A full disk stops the
+    run with one sentence (utils.disk.DiskFull), the rows before intact."""
+    path = Path(path)
+    size = path.stat().st_size if path.exists() else 0
+    try:
+        with path.open("a") as f:
+            f.write(",".join(f"{v:.5g}" if isinstance(v, float) else str(v) for v in row) + "\n")
+    except OSError as e:
+        if path.exists():
+            os.truncate(path, size)  # no half row for a resumed run to read (truncating needs no space)
+        _stop_if_disk_full(e, path, "its rows before this epoch are intact")
+        raise
+
+
+def _stop_if_disk_full(error, path, kept):
+    if is_disk_full(error, path.parent):
+        last = path.parent / "weights" / "last.pt"
+        then = f"free some space, then continue with: python train.py --resume {last}" if last.exists() else ""
+        raise DiskFull(disk_full_sentence(path, kept, then or "free some space and run again")) from None
 
 
 def open_tensorboard(run_dir):

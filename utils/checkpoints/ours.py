@@ -21,6 +21,7 @@ import torch
 
 from utils.checkpoints.safe_unpickle import read_pickled_checkpoint
 from utils.checkpoints.ultralytics import convert_ultralytics
+from utils.disk import DiskFull, disk_full_sentence, is_disk_full
 from utils.general import atomic_write
 
 FORMAT = "yolo-flat/1"
@@ -32,10 +33,38 @@ class CheckpointError(ValueError):
 
 def save_checkpoint(ckpt, path):
     """Written atomically and fsynced (utils.general.atomic_write): a crash or a kill while saving
-    leaves the previous file intact, never a truncated one."""
+    leaves the previous file intact, never a truncated one. A full disk stops the run with one sentence
+    (utils.disk.DiskFull); the previous file is intact and the unfinished one removed."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda f: torch.save(ckpt, f), fsync=True)
+    full = []
+
+    def write(f):
+        try:
+            torch.save(ckpt, f)
+        except RuntimeError as e:  # asked here, while the unfinished temporary file still fills the disk
+            full.append(is_disk_full(e, path.parent))
+            raise
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, write, fsync=True)
+    except (OSError, RuntimeError) as e:
+        if not (any(full) or is_disk_full(e, path.parent)):
+            raise  # not a full disk (a RuntimeError of torch's for another reason): its own traceback
+        raise DiskFull(_disk_full_sentence(path)) from None
+
+
+def _disk_full_sentence(path):
+    last = path.with_name("last.pt")
+    if path.exists():
+        kept = f"the previous {path.name} is intact"
+    else:
+        kept = f"there is no {path.name} yet"
+    if path.name in ("last.pt", "best.pt") and last.exists():
+        then = f"free some space, then continue with: python train.py --resume {last}"
+    else:
+        then = "free some space and run again"
+    return disk_full_sentence(path, kept, then)
 
 
 def read_checkpoint(path, map_location="cpu"):

@@ -1,5 +1,6 @@
-"""Images: reading one (RGB), resizing it for training, and --cache ram, the decoded and resized images
-of a split held in memory (one copy per machine under DDP).
+"""Images: reading one (RGB), resizing it for training, --cache ram, the decoded and resized images
+of a split held in memory (one copy per machine under DDP), and whether a file is an image training can use
+(usable_shape, from its header: verification, utils/data/labels.py).
 
 Images are read as RGB once, in `read_image` (the decoder writes RGB; older OpenCV: BGR, converted); everything after
 works on uint8 RGB; the training loop divides by 255 on the device (pitfalls D1-D4: channel order
@@ -12,10 +13,12 @@ processes of its machine (utils.distributed.node_share), so a dataset can be bui
 import hashlib
 import logging
 import os
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import cv2
 import numpy as np
+from PIL import Image
 from tqdm import tqdm
 
 from utils.data.records import as_records
@@ -171,3 +174,101 @@ def _map_on_every_process(buffer, path, size, share):
     if fills:
         os.unlink(path)
     return buffer
+
+
+# ---------------------------------------------------------------------------------------------
+# Verification: whether a file is an image training can use (utils/data/labels.py verifies a split with it)
+# ---------------------------------------------------------------------------------------------
+
+# --max-pixels: an image whose header declares more pixels is excluded at verification, read from the header alone.
+# A few KB of PNG can declare 30000x30000 (a decompression bomb): decoded, 2.7 GB per copy, in every loader worker.
+# 40 million is more than a 6000x6000 photo (36 Mpx; a 50 Mpx camera's 8192x5464 is more: raise it for those), and
+# training resizes to --imgsz anyway, so a larger image only costs memory and decoding time.
+MAX_PIXELS = 40_000_000
+# PIL's own limit (limit_pixels sets it to ours) warns between 1x and 2x it and raises DecompressionBombError beyond:
+# header_shape turns the error into the exclusion's sentence, and the warning would only repeat that sentence
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
+
+class BadImage(Exception):
+    """An image verification excludes; the message is the reason."""
+
+
+def limit_pixels(max_pixels):
+    """PIL's own limit, Image.MAX_IMAGE_PIXELS, set to --max-pixels: wherever PIL opens an image in this process
+    (header_shape), it refuses what verification excludes, no more, no less."""
+    Image.MAX_IMAGE_PIXELS = max_pixels
+
+
+def jpeg_is_complete(path):
+    """A JPEG must end with its end-of-image marker (FF D9); a truncated one still decodes in cv2
+    (grey bottom, a warning on stderr), so decoding alone does not catch it. Padding after the
+    marker (zeros, FF fill, a newline) is common and harmless."""
+    return _tail(path).rstrip(b"\x00\xff\r\n\t ").endswith(b"\xff\xd9")
+
+
+def png_is_complete(path):
+    """A PNG ends with its IEND chunk; a header read alone would not notice a truncated file."""
+    return b"IEND\xaeB`\x82" in _tail(path)
+
+
+def _tail(path, n=1024):
+    with open(path, "rb") as f:
+        f.seek(max(os.path.getsize(path) - n, 0))
+        return f.read()
+
+
+def header_shape(path, max_pixels=MAX_PIXELS):
+    """(h, w) read from the image's header (~0.1 ms, against 1-3 ms to decode a 640 px JPEG), as cv2.imread
+    will return the image; None when the header cannot tell: a format PIL does not read, not an image at all,
+    or an EXIF rotation (cv2 applies it: then the caller decodes, and gets the size cv2 will use). An image of more
+    than max_pixels (--max-pixels): BadImage, never None, so that the caller does not decode it."""
+    try:
+        with Image.open(path) as image:
+            w, h = image.size
+            if w * h > max_pixels:
+                raise BadImage(_too_large(w * h, max_pixels, f" ({w}x{h})"))
+            if image.getexif().get(0x0112, 1) != 1:  # the EXIF orientation tag
+                return None
+            return h, w
+    except BadImage:
+        raise
+    except Image.DecompressionBombError as e:  # raised before PIL tells the size: its pixel count is in the message
+        pixels = int("".join(c for c in str(e).split(" pixels")[0] if c.isdigit()) or 0)  # "Image size (9000 pixels)"
+        if pixels <= max_pixels:  # PIL's limit was left lower than ours (limit_pixels not called): ours decides
+            return None
+        raise BadImage(_too_large(pixels, max_pixels)) from None
+    except Exception:  # PIL raises a dozen different types for files it cannot parse; the caller decides
+        return None
+
+
+def _too_large(pixels, max_pixels, size=""):
+    return (
+        f"image is {pixels / 1e6:.3g} megapixels{size}, more than --max-pixels {max_pixels} (decoding it could "
+        "exhaust the memory); raise --max-pixels to train on it"
+    )
+
+
+def usable_shape(image_path, max_pixels=MAX_PIXELS):
+    """(h, w) of an image training can use, checked the cheap way first: its end markers and its header; never
+    decoded when its header declares more than max_pixels. BadImage (the reason) for one it cannot use."""
+    if os.path.getsize(image_path) == 0:
+        raise BadImage("image file is empty (0 bytes)")
+    with open(image_path, "rb") as f:
+        magic = f.read(8)
+    if magic[:3] == b"\xff\xd8\xff" and not jpeg_is_complete(image_path):  # by content: suffixes lie
+        raise BadImage("truncated JPEG (no end-of-image marker)")
+    if magic == b"\x89PNG\r\n\x1a\n" and not png_is_complete(image_path):
+        raise BadImage("truncated PNG (no IEND chunk)")
+    shape = header_shape(image_path, max_pixels)
+    if shape is None:
+        img = cv2.imread(image_path, cv2.IMREAD_COLOR)  # applies the EXIF orientation, as training will
+        if img is None:
+            raise BadImage("not a readable image (cannot be decoded)")
+        shape = img.shape[:2]
+    h, w = shape
+    if h < 10 or w < 10:
+        raise BadImage(f"image is only {w}x{h} pixels")
+    if h * w > max_pixels:
+        raise BadImage(_too_large(h * w, max_pixels, f" ({w}x{h})"))
+    return h, w

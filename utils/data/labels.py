@@ -18,7 +18,6 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from PIL import Image
 from tqdm import tqdm
 
 from utils.data import coco_json, voc
@@ -32,12 +31,14 @@ from utils.data.annotations import (
     cache_dir,
 )
 from utils.data.coco_json import CocoSplit
+from utils.data.images import MAX_PIXELS, BadImage, limit_pixels, usable_shape
 from utils.data.records import Records, as_records
 from utils.data.voc import VocSplit
+from utils.disk import free_bytes, is_disk_full, size_text
 from utils.general import atomic_write, write_text_atomic  # tests replace the writers (read-only)
 from utils.settings import default_workers
 
-CACHE_VERSION = 3  # bump when the record or the checks change: old caches are then rebuilt
+CACHE_VERSION = 4  # bump when the record or the checks change: old caches are then rebuilt
 VERIFY_IN_PROCESSES_FROM = 2000  # images; fewer are verified in threads (a process pool costs ~0.1 s to start)
 log = logging.getLogger("yolo")
 
@@ -90,50 +91,19 @@ def label_path(image_path):
 
 
 class _Corrupt(Exception):
-    """Raised by verify_one's helpers for a file it excludes; the message is the reason."""
+    """Raised by verify_one's helpers for a label file it excludes; the message is the reason (an image:
+    utils.data.images.BadImage)."""
 
 
-def jpeg_is_complete(path):
-    """A JPEG must end with its end-of-image marker (FF D9); a truncated one still decodes in cv2
-    (grey bottom, a warning on stderr), so decoding alone does not catch it. Padding after the
-    marker (zeros, FF fill, a newline) is common and harmless."""
-    return _tail(path).rstrip(b"\x00\xff\r\n\t ").endswith(b"\xff\xd9")
-
-
-def png_is_complete(path):
-    """A PNG ends with its IEND chunk; a header read alone would not notice a truncated file."""
-    return b"IEND\xaeB`\x82" in _tail(path)
-
-
-def _tail(path, n=1024):
-    with open(path, "rb") as f:
-        f.seek(max(os.path.getsize(path) - n, 0))
-        return f.read()
-
-
-def header_shape(path):
-    """(h, w) read from the image's header (~0.1 ms, against 1-3 ms to decode a 640 px JPEG), as cv2.imread
-    will return the image; None when the header cannot tell: a format PIL does not read, not an image at all,
-    or an EXIF rotation (cv2 applies it: then the caller decodes, and gets the size cv2 will use)."""
-    try:
-        with Image.open(path) as image:
-            if image.getexif().get(0x0112, 1) != 1:  # the EXIF orientation tag
-                return None
-            w, h = image.size
-            return h, w
-    except Exception:  # PIL raises a dozen different types for files it cannot parse; the caller decides
-        return None
-
-
-def verify_one(image_path, nc):
+def verify_one(image_path, nc, max_pixels=MAX_PIXELS):
     """Check one image and its label file; never modifies them. Returns (status, record, note):
     status in labelled / background / empty / missing / corrupt; record (None when the image is
-    excluded) is what the dataset keeps; note says what was wrong or what was fixed."""
+    excluded) is what the dataset keeps; note says what was wrong or what was fixed. max_pixels: --max-pixels."""
     lp = label_path(image_path)
     try:
         if not os.path.exists(image_path):
             return "missing", None, "image not found"
-        h, w = _image_shape(image_path)
+        h, w = usable_shape(image_path, max_pixels)
         if not os.path.exists(lp):
             return "background", {"im": image_path, "shape": [h, w], "labels": []}, ""
         rows, duplicates = _label_rows(lp, nc)
@@ -143,7 +113,7 @@ def verify_one(image_path, nc):
             {"im": image_path, "shape": [h, w], "labels": rows, "dup": duplicates},
             note,
         )
-    except _Corrupt as e:
+    except (_Corrupt, BadImage) as e:
         return "corrupt", None, str(e)
     except UnicodeDecodeError:
         return "corrupt", None, f"label {lp} is not a text file"
@@ -151,16 +121,16 @@ def verify_one(image_path, nc):
         return "corrupt", None, f"cannot be read ({e})"
 
 
-def verify_annotated(item):
+def verify_annotated(item, max_pixels=MAX_PIXELS):
     """verify_one for an image of a VOC or COCO json split (item: utils.data.voc.VocItem or
     utils.data.coco_json.CocoItem): the same image checks, then the item's boxes; its record also keeps the boxes to
     ignore and the json's id."""
     try:
         if not os.path.exists(item.image):
             return "missing", None, "image not found"
-        h, w = _image_shape(item.image)
+        h, w = usable_shape(item.image, max_pixels)
         boxes = item.boxes((h, w))  # None: no annotation file (VOC), a background image
-    except (_Corrupt, BadAnnotation) as e:
+    except (BadImage, BadAnnotation) as e:
         return "corrupt", None, str(e)
     except (OSError, cv2.error) as e:
         return "corrupt", None, f"cannot be read ({e})"
@@ -171,32 +141,10 @@ def verify_annotated(item):
     return status, record, f"{duplicates} duplicate boxes removed" if duplicates else ""
 
 
-def _image_shape(image_path):
-    """(h, w) of an image training can use, checked the cheap way first: its end markers and its header."""
-    if os.path.getsize(image_path) == 0:
-        raise _Corrupt("image file is empty (0 bytes)")
-    with open(image_path, "rb") as f:
-        magic = f.read(8)
-    if magic[:3] == b"\xff\xd8\xff" and not jpeg_is_complete(image_path):  # by content: suffixes lie
-        raise _Corrupt("truncated JPEG (no end-of-image marker)")
-    if magic == b"\x89PNG\r\n\x1a\n" and not png_is_complete(image_path):
-        raise _Corrupt("truncated PNG (no IEND chunk)")
-    shape = header_shape(image_path)
-    if shape is None:
-        img = cv2.imread(image_path, cv2.IMREAD_COLOR)  # applies the EXIF orientation, as training will
-        if img is None:
-            raise _Corrupt("not a readable image (cannot be decoded)")
-        shape = img.shape[:2]
-    h, w = shape
-    if h < 10 or w < 10:
-        raise _Corrupt(f"image is only {w}x{h} pixels")
-    return h, w
-
-
 def _label_rows(lp, nc):
     """The label file's boxes as [cls, x1, y1, x2, y2] rows, duplicates dropped, and how many were dropped."""
     rows, duplicates, seen = [], 0, set()
-    with open(lp, encoding="utf-8") as f:
+    with open(lp, encoding="utf-8-sig") as f:  # -sig: a byte-order mark (Windows Notepad) is not part of a number
         for line_no, line in enumerate(f, 1):
             if not line.split():
                 continue
@@ -233,6 +181,8 @@ def _label_row(line, nc, where):
     if min(x1, y1) < -COORD_TOLERANCE or max(x2, y2) > 1 + COORD_TOLERANCE:
         raise _Corrupt(f"{where}: box is outside the image (coordinates must be normalised to 0..1)")
     x1, y1, x2, y2 = (min(max(v, 0.0), 1.0) for v in (x1, y1, x2, y2))  # just outside: clip
+    if x2 <= x1 or y2 <= y1:  # all of it just outside, or thinner than a float step: nothing left to learn from
+        raise _Corrupt(f"{where}: box has zero size inside the image")
     return [int(cls), x1, y1, x2, y2]
 
 
@@ -306,24 +256,28 @@ def annotated_cache_locations(sources):
     return [(cache_dir() / f"{kind}.{digest}.cache.npz", cache_dir() / f"{kind}.{digest}.verify.log")]
 
 
-def read_cache(cache_path, fingerprint, nc):
-    """(Records, meta) of a cache written for exactly these files and this class count, else None."""
+def read_cache(cache_path, fingerprint, nc, max_pixels=MAX_PIXELS):
+    """(Records, meta) of a cache written for exactly these files, this class count and this --max-pixels (it
+    decides which images are excluded), else None."""
+    wanted = {"version": CACHE_VERSION, "fingerprint": fingerprint, "nc": nc, "max_pixels": max_pixels}
     try:
         records, meta = Records.load(cache_path)
-        if meta.get("version") == CACHE_VERSION and meta.get("fingerprint") == fingerprint and meta.get("nc") == nc:
+        if all(meta.get(k) == v for k, v in wanted.items()):
             return records, meta
     except (OSError, ValueError, KeyError, AttributeError):
         pass  # missing or unreadable: verified again
     return None
 
 
-def load_verified(sources, nc, split_name="", workers=None):
+def load_verified(sources, nc, split_name="", workers=None, max_pixels=MAX_PIXELS):
     """Verify every image/label of a split once and cache the result next to the labels.
     Returns the good records as utils.data.records.Records (flat arrays; records[i] is {"im", "shape" (h, w),
     "labels" (k, 5) [cls, x1, y1, x2, y2] normalised}). The cache is a binary .npz that loads in a fraction
     of a second. Never writes to the user's images or labels; a read-only dataset folder works (cache elsewhere).
     workers: how many verify at once (default: every core this process may use; under DDP the caller shares
-    the machine's cores out, utils.settings.default_workers)."""
+    the machine's cores out, utils.settings.default_workers). max_pixels: --max-pixels, images with more are excluded.
+    """
+    limit_pixels(max_pixels)
     items = annotated_items(sources)  # None: YOLO txt
     image_files = list_images(sources) if items is None else [item.image for item in items]
     if not image_files:
@@ -333,14 +287,17 @@ def load_verified(sources, nc, split_name="", workers=None):
     else:
         fingerprint, locations = annotated_fingerprint(sources, items), annotated_cache_locations(sources)
     for cache_path, log_path in locations:
-        cached = read_cache(cache_path, fingerprint, nc)
+        cached = read_cache(cache_path, fingerprint, nc, max_pixels)
         if cached is not None:
             records, meta = cached
             print_verification_totals(meta["totals"], split_name, log_path, meta["problems"], cached=True)
             return records
 
-    records, totals, problems = _verify_all(items or image_files, nc, split_name, workers or default_workers())
-    meta = {"version": CACHE_VERSION, "fingerprint": fingerprint, "nc": nc, "totals": totals, "problems": problems}
+    records, totals, problems = _verify_all(
+        items or image_files, nc, split_name, workers or default_workers(), max_pixels
+    )
+    meta = {"version": CACHE_VERSION, "fingerprint": fingerprint, "nc": nc, "max_pixels": max_pixels}
+    meta.update(totals=totals, problems=problems)
     written = _write_cache(locations, records, meta, split_name)
     print_verification_totals(totals, split_name, written, problems, cached=False)
     if not records:
@@ -351,7 +308,7 @@ def load_verified(sources, nc, split_name="", workers=None):
     return records
 
 
-def _verify_all(image_files, nc, split_name, workers):
+def _verify_all(image_files, nc, split_name, workers, max_pixels=MAX_PIXELS):
     """verify_one on every file (verify_annotated on every item of a VOC or COCO json split): (Records of the
     usable ones, totals by status, one line per problem)."""
     totals = dict.fromkeys(("found", "labelled", "background", "empty", "missing", "corrupt", "duplicates"), 0)
@@ -362,7 +319,9 @@ def _verify_all(image_files, nc, split_name, workers):
     processes = len(image_files) >= VERIFY_IN_PROCESSES_FROM and workers > 1
     pool = multiprocessing.get_context("fork").Pool(workers) if processes else ThreadPoolExecutor(workers)
     with pool:
-        check = verify_annotated if annotated else functools.partial(verify_one, nc=nc)
+        check = functools.partial(verify_annotated, max_pixels=max_pixels)
+        if not annotated:
+            check = functools.partial(verify_one, nc=nc, max_pixels=max_pixels)
         results = pool.imap(check, image_files, chunksize=64) if processes else pool.map(check, image_files)
         for entry, (status, record, note) in tqdm(
             zip(image_files, results), total=len(image_files), desc=f"verifying {split_name} images", leave=False
@@ -396,6 +355,8 @@ def _write_cache(locations, records, meta, split_name):
             return log_path
         except OSError as e:
             error = e
+            if is_disk_full(e, cache_path.parent):  # the sentence names the space left; the run goes on
+                error = f"the disk is full, {size_text(free_bytes(cache_path.parent) or 0)} free"
     log.warning(
         f"{split_name}: cannot write the label cache {locations[0][0]} ({error}); verification will run again next time"
     )
