@@ -29,17 +29,10 @@ from models.weights import architecture, class_width, initialise_from, load_weig
 from models.yolo import YOLO, count_gflops, count_parameters
 from utils import monitor, settings, tracking  # results.csv, TensorBoard, progress lines; how a setting is resolved
 from utils.autobatch import batch_from_memory
-from utils.checkpoints.ours import (
-    FORMAT,
-    checkpoint_weights,
-    load_checkpoint,
-    rng_states,
-    save_checkpoint,
-    set_rng_states,
-)
+from utils.checkpoints.ours import FORMAT, load_checkpoint, rng_states, save_checkpoint, set_rng_states
 from utils.data.dataset_yaml import DatasetError, load_dataset_yaml
 from utils.data.images import cache_images
-from utils.data.labels import load_verified, select_records
+from utils.data.labels import MAX_PIXELS, load_verified, select_records
 from utils.data.loader import (
     EpochBatchSampler,
     TrainDataset,
@@ -101,6 +94,7 @@ add("--deterministic", action="store_true", help="deterministic algorithms (exac
 add("--subset", type=int, default=0, help="use only the first N train and val images (debugging)")
 add("--fraction", type=float, default=1.0, help="train on this fraction of the training images (the first ones)")
 add("--single-cls", action="store_true", help="train every class as one class, 'object'")
+add("--max-pixels", type=int, default=MAX_PIXELS, help="exclude images with more pixels (decompression bombs)")
 add("--patience", type=int, default=100, help="stop when --fitness has not improved for N epochs (0: never)")
 add("--fitness", default="map", choices=FITNESS, help="picks best.pt: mAP50-95, mAP50, or 0.1 mAP50 + 0.9 mAP50-95")
 add("--cache", nargs="?", const="ram", default="", choices=["", "ram"], help="keep decoded images in RAM")
@@ -156,8 +150,9 @@ try:  # rank 0 verifies the labels and writes the label cache; the others then r
     if not is_main:
         barrier(world_size, flags_group)
     data = load_dataset_yaml(args.data)
-    train_records = load_verified(data["train"], data["nc"], "train", settings.default_workers(node.local_world_size))
-    val_records = load_verified(data["val"], data["nc"], "val", settings.default_workers(node.local_world_size))
+    verify_workers = settings.default_workers(node.local_world_size)
+    train_records = load_verified(data["train"], data["nc"], "train", verify_workers, max_pixels=args.max_pixels)
+    val_records = load_verified(data["val"], data["nc"], "val", verify_workers, max_pixels=args.max_pixels)
     if is_main:
         barrier(world_size, flags_group)
     if not resume_ckpt:  # a resumed run keeps the settings it started with
@@ -211,7 +206,7 @@ if is_main:  # every setting as this run resolved it, and where it came from whe
 seed_everything(args.seed + rank, args.deterministic)  # per-rank seeds; the data's randomness is per sample
 # The class branch keeps the width of the weights it starts from (or resumes): with another class count,
 # all but its last convs then transfer.
-cls_width = class_width(checkpoint_weights(resume_ckpt or init_ckpt)) if resume_ckpt or init_ckpt else 0
+cls_width = class_width(resume_ckpt or init_ckpt) if resume_ckpt or init_ckpt else 0
 model = YOLO(scale, nc, checkpoint_activations=args.checkpoint_activations, cls_width=cls_width, reg_max=reg_max)
 if init_ckpt:
     log.info(initialise_from(model, init_ckpt, init_path))

@@ -70,9 +70,8 @@ def model_from_checkpoint(ckpt, source=""):
     if not isinstance(ckpt, dict):
         ckpt, source = read_checkpoint(ckpt)[1], ckpt
     try:
-        weights = checkpoint_weights(ckpt)
-        model = YOLO(ckpt["scale"], ckpt["nc"], cls_width=class_width(weights), reg_max=box_bins(weights))
-        model.load_state_dict(weights)
+        model = YOLO(ckpt["scale"], ckpt["nc"], cls_width=class_width(ckpt), reg_max=box_bins(ckpt))
+        model.load_state_dict(checkpoint_weights(ckpt))
         model.names, model.imgsz = ckpt["names"], ckpt["imgsz"]
     except (KeyError, RuntimeError, ValueError, TypeError) as e:
         detail = " ".join(str(e).split())[:200]
@@ -88,7 +87,7 @@ def architecture(model_arg, reg_max=0, resume_ckpt=None, init_ckpt=None):
     itself with --reg-max (0: the family's)."""
     ckpt = resume_ckpt or (init_ckpt if model_arg.endswith(".pt") else None)
     if ckpt:
-        return ckpt["scale"], box_bins(checkpoint_weights(ckpt))
+        return ckpt["scale"], box_bins(ckpt)
     if model_arg not in SCALES:
         raise ValueError(f"--model {model_arg}: give one of {', '.join(SCALES)} or a .pt file")
     if reg_max < 0:
@@ -96,14 +95,14 @@ def architecture(model_arg, reg_max=0, resume_ckpt=None, init_ckpt=None):
     return model_arg, reg_max
 
 
-def class_width(weights):
-    """The class branch's width in a state dict (the input width of its last conv)."""
-    return weights["head.cls.0.2.weight"].shape[1]
+def class_width(ckpt):
+    """The class branch's width in a checkpoint's weights (the input width of its last conv)."""
+    return checkpoint_weights(ckpt)["head.cls.0.2.weight"].shape[1]
 
 
-def box_bins(weights):
-    """The box branch's bins per side (reg_max) in a state dict: its last conv has 4 of them per anchor."""
-    return weights["head.box.0.2.weight"].shape[0] // 4
+def box_bins(ckpt):
+    """The box branch's bins per side (reg_max) in a checkpoint's weights: its last conv has 4 of them per anchor."""
+    return checkpoint_weights(ckpt)["head.box.0.2.weight"].shape[0] // 4
 
 
 def load_matching(model, weights):
