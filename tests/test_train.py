@@ -47,6 +47,15 @@ def tiny_data(tmp_path_factory):
     return cfg
 
 
+@pytest.fixture(scope="module")
+def one_epoch_run(tiny_data, tmp_path_factory):
+    """A finished one-epoch run (--accumulate 1) that several tests start from: each copies or reads it, none edits
+    it (a train.py run fewer on the 2-core machines the suite is sized for)."""
+    out = tmp_path_factory.mktemp("one_epoch") / "run"
+    run(["--data", tiny_data, "--epochs", "1", "--accumulate", "1", "--out", out, *TINY])
+    return out
+
+
 def run(args, cwd=REPO, wrapper=None, check=True, **popen):
     """`python train.py ARGS` (or `python WRAPPER ARGS`); a first argument ending in .py replaces train.py."""
     script = [str(wrapper)] if wrapper else [] if str(args[0]).endswith(".py") else ["train.py"]
@@ -165,7 +174,9 @@ def test_killed_run_resumes_to_bitwise_identical_weights(tiny_data, tmp_path, mo
         "--data",
         tiny_data,
         "--epochs",
-        "3",
+        "2",
+        "--subset",
+        "8",  # 2 iterations, one optimizer step an epoch: each MuSGD step orthogonalises every conv weight in bf16
         "--deterministic",
         "--accumulate",
         "2",
@@ -197,7 +208,7 @@ def test_killed_run_resumes_to_bitwise_identical_weights(tiny_data, tmp_path, mo
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     state = load(last)
-    assert (state["epoch"], state["iteration"]) < (3, 0)
+    assert (state["epoch"], state["iteration"]) < (2, 0)
     # --resume without a path: the newest runs/train/*/weights/last.pt under the working directory
     run([REPO / "train.py", "--resume", "--workers", "2"], cwd=tmp_path)
 
@@ -586,11 +597,10 @@ def test_dataset_yaml_defaults_apply_and_flags_given_win(tiny_data, tmp_path):
     assert result.returncode != 0 and "'epoch'" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_weights_freeze_multi_scale_and_the_other_run_options(tiny_data, tmp_path):
+def test_weights_freeze_multi_scale_and_the_other_run_options(tiny_data, one_epoch_run, tmp_path):
     """--weights initialises, --freeze keeps those parameters out of the optimizer and unchanged,
     --multi-scale changes the size per iteration (multiples of 32 in 0.5-1.5x imgsz), and --cache ram,
     --checkpoint-activations, --profile and --benchmark run through and leave what they promise."""
-    run(["--data", tiny_data, "--epochs", "1", "--out", tmp_path / "first", *TINY])
     sizes = make_wrapper(
         tmp_path,
         loss="""
@@ -605,7 +615,7 @@ def test_weights_freeze_multi_scale_and_the_other_run_options(tiny_data, tmp_pat
             "--epochs",
             "2",
             "--weights",
-            tmp_path / "first/weights/last.pt",
+            one_epoch_run / "weights/last.pt",
             "--freeze",
             "stem,down2",
             *options,
@@ -617,7 +627,7 @@ def test_weights_freeze_multi_scale_and_the_other_run_options(tiny_data, tmp_pat
     )
     seen = [int(s) for s in re.findall(r"input size (\d+)", result.stdout)]
     assert len(seen) == 6 and len(set(seen)) > 1 and set(seen) <= {32, 64, 96}, seen
-    first, second = load(tmp_path / "first/weights/last.pt"), load(tmp_path / "second/weights/last.pt")
+    first, second = load(one_epoch_run / "weights/last.pt"), load(tmp_path / "second/weights/last.pt")
     assert "initialised" in (tmp_path / "second/train.log").read_text()
     for name in ("stem.conv.weight", "down2.bn.weight", "down2.bn.bias"):  # frozen: still the --weights values
         assert torch.equal(second["model"][name], first["ema"][name]), name
@@ -700,18 +710,19 @@ def test_resume_across_a_change_of_amp_dtype(tiny_data, tmp_path, before, after)
     stop = make_wrapper(
         tmp_path,
         loss="""
-        if n == 4:  # epoch 2: a pre-emption
+        if n == 3:  # epoch 2's first step: a pre-emption
             os.kill(os.getpid(), signal.SIGTERM)
     """,
     )
-    args = ["--data", tiny_data, "--epochs", "3", "--accumulate", "1", "--amp", "--out", out, *TINY]
+    args = ["--data", tiny_data, "--epochs", "2", "--subset", "8", "--val-every", "2", "--accumulate", "1", "--amp"]
+    args += ["--out", out, *TINY]
     run([*args, "--amp-dtype", before], wrapper=stop)
     stopped = load(out / "weights/last.pt")
     assert (stopped["epoch"], stopped["iteration"]) == (1, 1)
     assert bool(stopped["scaler"]) == (before == "fp16")
     run(["--resume", out / "weights/last.pt", "--amp-dtype", after])
     finished = load(out / "weights/last.pt")
-    assert finished["epoch"] == 3 and bool(finished["scaler"]) == (after == "fp16")
+    assert finished["epoch"] == 2 and bool(finished["scaler"]) == (after == "fp16")
     assert {"bf16": "amp bfloat16", "fp16": "amp float16"}[after] in (out / "train.log").read_text().split("resuming")[
         -1
     ]
@@ -727,8 +738,9 @@ def test_multi_scale_at_sizes_that_are_32_mod_64(tiny_data, tmp_path, imgsz):
         print("input size", maps[0].shape[-1] * 8, maps[0].shape[-2] * 8)
     """,
     )
-    args = ["--data", tiny_data, "--epochs", "1", "--subset", "6", "--out", tmp_path / "run", *TINY]
-    args[args.index("--imgsz") + 1], args[args.index("--batch") + 1] = str(imgsz), "2"
+    # 3 iterations of one image each: the sizes are the point; 3 images, not 6, halve the convolutions at 608-912 px
+    args = ["--data", tiny_data, "--epochs", "1", "--subset", "3", "--out", tmp_path / "run", *TINY]
+    args[args.index("--imgsz") + 1], args[args.index("--batch") + 1] = str(imgsz), "1"
     result = run([*args, "--multi-scale", "--accumulate", "1"], wrapper=sizes)
     seen = [tuple(map(int, s)) for s in re.findall(r"input size (\d+) (\d+)", result.stdout)]
     assert len(seen) == 3 and all(
@@ -762,12 +774,8 @@ def test_patience_single_cls_fraction_and_batch_minus_one_on_cpu(tiny_data, tmp_
     last, best = load(out / "weights/last.pt"), load(out / "weights/best.pt")
     assert len(rows) == last["epoch"] == last["best_epoch"] + 2 < 8  # resume-safe: the best epoch is in last.pt
     assert best["names"] == ["object"] and best["nc"] == 1 and last["args"]["batch"] == 16
-    result = subprocess.run(
-        [sys.executable, "val.py", "--weights", out / "weights/best.pt", "--workers", "0", "--out", tmp_path / "val"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run(
+        ["val.py", "--weights", out / "weights/best.pt", "--workers", "0", "--out", tmp_path / "val"], check=False
     )
     assert result.returncode == 0, result.stderr[
         -2000:
@@ -775,22 +783,22 @@ def test_patience_single_cls_fraction_and_batch_minus_one_on_cpu(tiny_data, tmp_
     assert [c["class"] for c in json.loads((tmp_path / "val/metrics.json").read_text())["per_class"]] == ["object"]
 
 
-def test_resume_on_fewer_gpus_keeps_the_images_per_gpu_and_per_step(tiny_data, tmp_path):
+def test_resume_on_fewer_gpus_keeps_the_images_per_gpu_and_per_step(one_epoch_run, tmp_path):
     """A run saved on 2 processes of batch 2 each (--batch 4), resumed on one: each GPU keeps its 2 images (the
     total of 4 on one GPU ran out of memory, and the advised smaller --batch was refused by --resume), the
     accumulation doubles so that a step still sees 4 images, and the run goes on from the same images seen."""
     out = tmp_path / "run"
-    run(["--data", tiny_data, "--epochs", "1", "--accumulate", "1", "--out", out, *TINY])
+    shutil.copytree(one_epoch_run, out)  # --resume writes beside the last.pt it is given
     last = out / "weights/last.pt"
     state = load(last)
     state.update(epoch=0, iteration=2, world_size=2)  # 8 of the 12 images seen, on 2 processes
-    state["args"]["epochs"] = 2
+    state["args"]["epochs"] = 1  # the rest of that epoch: 2 iterations of 2 images
     torch.save(state, last)
     output = run(["--resume", last, "--workers", "0"]).stdout
     assert "resuming" in output and "at epoch 0, iteration 4" in output  # 8 images = 4 batches of 2
     assert "batch 2 x accumulate 2" in output
     resumed = load(last)
-    assert (resumed["epoch"], resumed["args"]["batch"], resumed["args"]["accumulate"]) == (2, 2, 2)
+    assert (resumed["epoch"], resumed["args"]["batch"], resumed["args"]["accumulate"]) == (1, 2, 2)
     decay = next(g for g in resumed["optimizer"]["param_groups"] if g["name"] == "decay")
     assert decay["weight_decay"] == pytest.approx(5e-4 * 4 / 64)  # scaled by the step's 4 images, as before
 
