@@ -457,7 +457,7 @@ def test_cache_is_reused_and_invalidated_when_files_change(tmp_path, monkeypatch
 
     real_verify = L.verify_one
     calls = []
-    monkeypatch.setattr(L, "verify_one", lambda f, nc: calls.append(f) or real_verify(f, nc))
+    monkeypatch.setattr(L, "verify_one", lambda f, nc, **kw: calls.append(f) or real_verify(f, nc, **kw))
     assert L.load_verified([folder], nc=4, split_name="train") == first and calls == []  # from the cache
 
     label = tmp_path / "labels" / "train" / "im0.txt"
