@@ -1,5 +1,13 @@
+import os
+
 import pytest
 from slurm_cluster import slurm_cluster  # noqa: F401  a fixture: the local SLURM cluster of test_slurm.py
+
+# libgomp's threads spin at each parallel region's end by default. Two workers of torch threads on 2 cores: a thread
+# whose partner is descheduled spins its time slice away, and the tiny runs here spent most of their time so (the
+# killed-run test: 80 s of CPU and wall spinning, 19 s passive, on a 2-core AVX2 host). Set before anything imports
+# torch; the train.py runs, the warm interpreter and the SLURM jobs inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture
