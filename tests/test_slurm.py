@@ -169,7 +169,7 @@ def test_a_preempted_job_saves_and_a_second_submission_resumes_it_exactly(slurm_
     does before the time limit. Not --full: srun itself, given SIGTERM, kills its tasks at once ("srun: forcing
     job termination") and last.pt of the step under way is lost."""
     cluster = slurm_cluster._replace(env=without_rendezvous(slurm_cluster.env))
-    train = ["--data", tiny_data, "--epochs", "2", "--save-every", "1", "--deterministic", "--val-every", "2", *TINY]
+    train = ["--data", tiny_data, "--epochs", "3", "--save-every", "1", "--deterministic", "--val-every", "3", *TINY]
 
     def submit(name, *args):
         return cluster.run(
@@ -194,7 +194,7 @@ def test_a_preempted_job_saves_and_a_second_submission_resumes_it_exactly(slurm_
     assert cluster.wait(job) == ["COMPLETED"], log("preempted")  # exit 0: stopped on purpose, not failed
     assert "resume with --resume" in log("preempted")
     state = load(last)
-    assert (state["epoch"], state["iteration"]) < (2, 0), "the job finished before it was pre-empted"
+    assert (state["epoch"], state["iteration"]) < (3, 0), "the job finished before it was pre-empted"
 
     resumed = submit("resumed", sys.executable, "train.py", "--resume", last)
     assert cluster.wait(resumed) == ["COMPLETED"], log("resumed")
