@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -442,3 +443,13 @@ def test_other_spellings_read_the_same_records(sets, tmp_path):
         got = load_verified(data["val"], data["nc"], "val")
         assert data["names"] == NAMES and np.array_equal(got.labels, want.labels), name
         assert np.array_equal(got.ignored, want.ignored), name
+
+
+@pytest.mark.parametrize(
+    "command, new",
+    [(["-m", "utils.shapes", "--style", "crowd"], "python -m utils.data.shapes --style crowd"),
+     (["data/coco2yolo.py", "instances_train2017.json"], "json: annotations/instances_train2017.json")],
+)  # fmt: skip
+def test_old_commands_name_the_new_spelling_in_one_sentence(command, new):
+    result = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and new in result.stderr and len(result.stderr.strip().splitlines()) == 1
