@@ -4,8 +4,8 @@ slurm-wlm and munge packages (.ci/run installs them), every file in one temporar
     def test_something(slurm_cluster):
         subprocess.run(["srun", "-n", "2", "hostname"], env=slurm_cluster.env, check=True)
 
-The daemons run as root (SlurmUser=root), as CI does; they listen on 127.0.0.1 only and are stopped when the
-test session ends, with every job still in the cluster cancelled first.
+The daemons run as root (SlurmUser=root), as CI does; they listen on 127.0.0.1 only and are stopped when
+pytest ends, with every job still in the cluster cancelled first.
 """
 
 import os
