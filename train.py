@@ -464,11 +464,11 @@ for epoch in range(start_epoch, args.epochs):
                 }  # fmt: skip
                 save_checkpoint(best, best_pt)  # deployable: EMA weights, no optimizer
         losses = (sums / max(batches_done, 1)).tolist()
-        row = [epoch + 1, *losses, *(metrics[k] for k in METRICS), lr, time.time() - epoch_start, *faults.values()]
+        seconds = time.time() - epoch_start  # one figure for results.csv and the log line
+        row = [epoch + 1, *losses, *(metrics[k] for k in METRICS), lr, seconds, *faults.values()]
         monitor.append_results_row(results_csv, row)
         plot_results(results_csv, run_dir / "results.png")
         monitor.log_epoch(tensorboard, mlflow_run, dict(zip(COLUMNS[1:], row[1:])), epoch + 1)
-        seconds = time.time() - epoch_start
         log.info(monitor.epoch_line(epoch + 1, args.epochs, loss_fn.names, losses, metrics, seconds, faults))
         save_last(epoch + 1, 0)
     # --patience: rank 0 saw the fitness; the vote is also the barrier where the other ranks wait for it
