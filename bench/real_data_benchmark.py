@@ -35,8 +35,10 @@ Results: OUT/<run>/<imgsz>px/e<epochs>/s<seed>/result.json; the table in OUT/tab
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,6 +52,7 @@ from utils.data.labels import load_verified  # noqa: E402
 from utils.evaluate import coco_map  # noqa: E402
 
 SAME = ["optimizer=AdamW", "lr0=0.002"]  # Ultralytics' spelling of RECIPE
+BACKBONE = "stem,down2,stage2,down3,stage3,down4,stage4,down5,stage5,sppf"  # --freeze prefixes (models/yolo.py)
 # name: (repo, extra arguments): train.py flags for this repo, train() settings for Ultralytics (--model: the file)
 RUNS = {
     "ours-n": ("ours", RECIPE),
@@ -60,9 +63,23 @@ RUNS = {
     "peer-v8n-defaults": ("peer", []),
     "ours-11n-defaults": ("ours", ["--model", "11n"]),
     "peer-11n-defaults": ("peer", ["--model", "yolo11n.yaml"]),
-}
+    # fine-tuning --weights FILE (its architecture, its tensors; the class convolutions are new: 3 classes here)
+    "ours-ft": ("ours", ["--model", "{weights}"]),
+    "peer-ft": ("peer", ["--model", "{weights}", "pretrained=True"]),  # False would build the architecture only
+    "peer-ft-same": ("peer", ["--model", "{weights}", "pretrained=True", *SAME]),
+    # what a fine-tuning run could do differently: no warmup, an optimizer step per batch, a lower rate, a frozen
+    # backbone, less mosaic
+    "ours-ft-warmup0": ("ours", ["--model", "{weights}", "--warmup-epochs", "0"]),
+    "ours-ft-nb16": ("ours", ["--model", "{weights}", "--nominal-batch", "16"]),
+    "ours-ft-w0-nb16": ("ours", ["--model", "{weights}", "--warmup-epochs", "0", "--nominal-batch", "16"]),
+    "ours-ft-w0-nb16-lr1e-3": ("ours", ["--model", "{weights}", "--warmup-epochs", "0", "--nominal-batch", "16",
+                                        "--lr0", "0.001"]),
+    "ours-ft-w1": ("ours", ["--model", "{weights}", "--warmup-epochs", "1"]),
+    "ours-ft-freeze": ("ours", ["--model", "{weights}", "--freeze", BACKBONE]),
+    "ours-ft-close3": ("ours", ["--model", "{weights}", "--close-mosaic", "3"]),
+}  # fmt: skip
 PAIRS = [("ours-n", "peer-v8n"), ("ours-11n", "peer-11n"), ("ours-n-defaults", "peer-v8n-defaults")]
-PAIRS += [("ours-11n-defaults", "peer-11n-defaults")]
+PAIRS += [("ours-11n-defaults", "peer-11n-defaults"), ("ours-ft", "peer-ft"), ("ours-ft", "peer-ft-same")]
 CONF, IOU, MAX_DET = 0.001, 0.7, 300  # Ultralytics' validator defaults; passed to val.py explicitly
 
 
@@ -109,12 +126,13 @@ def write_yolo_split(records, root, split):
         (labels / f"{image.stem}.txt").write_text("".join(f"{row}\n" for row in rows))
 
 
-def predict_ours(cell, voc_yaml, imgsz):
+def predict_ours(cell, voc_yaml, imgsz, device):
     """Our detections of the val images from val.py --save-json on best.pt (the final epoch's weights: validated
     only once), as (file name, detection) pairs; and val.py's own mAP50-95."""
     command = [sys.executable, "val.py", "--weights", str(cell / "train" / "weights" / "best.pt")]
     command += ["--data", str(voc_yaml), "--imgsz", str(imgsz), "--conf", str(CONF), "--iou", str(IOU)]
-    command += ["--max-det", str(MAX_DET), "--save-json", "--workers", "2", "--out", str(cell / "val")]
+    command += ["--max-det", str(MAX_DET), "--save-json", "--workers", "2", "--device", str(device)]
+    command += ["--out", str(cell / "val")]
     run_logged(command, cell / "log_val.txt")
     images = json.loads((cell / "val" / "ground_truth.json").read_text())["images"]
     file_of = {im["id"]: Path(im["file_name"]).name for im in images}
@@ -150,19 +168,39 @@ def score(gt_path, named_detections, names):
     return {"mAP50-95": round(map5095, 5), "mAP50": round(map50, 5), "per_class": per_class}
 
 
-def run_cell(run, data, epochs, seed, imgsz, batch, cell, peer_python):
+def run_cell(run, data, epochs, seed, cell, args):
     repo, extra = RUNS[run]
+    extra = [a.format(weights=args.weights) for a in extra]
     data_yaml = data["voc_yaml"] if repo == "ours" else data["yolo_yaml"]
-    command = train_command(repo, extra, data_yaml, epochs, seed, cell, peer_python, imgsz=imgsz, batch=batch)
+    imgsz, batch = args.imgsz, args.batch
+    command = train_command(repo, extra, data_yaml, epochs, seed, cell, args.peer_python, imgsz, batch, args.device)
     start = time.perf_counter()
     run_logged(command, cell / "log.txt")
     seconds = time.perf_counter() - start
-    named, own = predict_ours(cell, data["voc_yaml"], imgsz) if repo == "ours" else predict_peer(cell)
+    named, own = predict_ours(cell, data["voc_yaml"], imgsz, args.device) if repo == "ours" else predict_peer(cell)
     result = score(data["gt"], named, data["names"])
     result.update(seconds=round(seconds, 1), own={"mAP50-95": own}, detections=len(named), command=command)
-    result.update(epochs=epochs, seed=seed, imgsz=imgsz, batch=batch, images=data["counts"])
+    result.update(epochs=epochs, seed=seed, imgsz=imgsz, batch=batch, images=data["counts"], device=args.device)
     (cell / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def run_and_report(run, epochs, seed, data, out, args):
+    cell = out / run / f"{args.imgsz}px" / f"e{epochs}" / f"s{seed}"
+    if (cell / "result.json").exists():
+        return
+    cell.mkdir(parents=True, exist_ok=True)
+    try:
+        r = run_cell(run, data, epochs, seed, cell, args)
+    except subprocess.CalledProcessError:  # one failed cell does not stop the others: its log says why
+        print(f"{run} {args.imgsz} px {epochs} epochs seed {seed}: failed, see {cell}/log*.txt", flush=True)
+        return
+    classes = ", ".join(f"{n} {v['AP50-95']:.3f}" for n, v in r["per_class"].items())
+    print(
+        f"{run} {args.imgsz} px {epochs} epochs seed {seed}: mAP50-95 {r['mAP50-95']:.4f} "
+        f"mAP50 {r['mAP50']:.4f} ({classes}; {r['seconds']:.0f} s)",
+        flush=True,
+    )
 
 
 def mean_std(values, digits=3):
@@ -215,31 +253,27 @@ def main():
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--out", default=str(REPO / "runs" / "real_data"))
     parser.add_argument("--peer-python", help="the python of bench/peer_env.sh DIR (default: $PEER_PYTHON)")
+    parser.add_argument("--weights", default="", help="the pretrained .pt that the *-ft runs fine-tune")
+    parser.add_argument("--device", default="cpu", help="cpu or a GPU index; fp32 on both sides either way")
+    parser.add_argument("--jobs", type=int, default=1, help="cells at once (on a GPU: several share it)")
     parser.add_argument("--table", action="store_true", help="only print the table of the cells run so far")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     if not args.table:
         if not args.voc or not Path(args.voc).is_dir():
             sys.exit(f"--voc {args.voc}: give the Pascal VOC folder (Annotations/, JPEGImages/, ImageSets/Main/)")
+        if any(run.startswith(("ours-ft", "peer-ft")) for run in args.runs) and not Path(args.weights).is_file():
+            sys.exit(f"--weights {args.weights!r}: the *-ft runs fine-tune this .pt; give an existing file")
+        args.weights = str(Path(args.weights).resolve()) if args.weights else ""  # the cells run in the repo
         if any(RUNS[run][0] == "peer" for run in args.runs):  # now, not after the first cells of ours
             args.peer_python = find_peer_python(args.peer_python)
         voc_yaml, yolo_yaml, names, counts = prepare(args.voc, out / "data")
         data = dict(voc_yaml=voc_yaml, yolo_yaml=yolo_yaml, names=names, counts=counts, gt=out / "data" / "val_gt.json")
         # seeds outermost: a run stopped early still has every cell at the first seed
-        for seed in args.seeds:
-            for epochs in args.epochs:
-                for run in args.runs:
-                    cell = out / run / f"{args.imgsz}px" / f"e{epochs}" / f"s{seed}"
-                    if (cell / "result.json").exists():
-                        continue
-                    cell.mkdir(parents=True, exist_ok=True)
-                    r = run_cell(run, data, epochs, seed, args.imgsz, args.batch, cell, args.peer_python)
-                    classes = ", ".join(f"{n} {v['AP50-95']:.3f}" for n, v in r["per_class"].items())
-                    print(
-                        f"{run} {args.imgsz} px {epochs} epochs seed {seed}: mAP50-95 {r['mAP50-95']:.4f} "
-                        f"mAP50 {r['mAP50']:.4f} ({classes}; {r['seconds']:.0f} s)",
-                        flush=True,
-                    )
+        cells = [(run, epochs, seed) for seed in args.seeds for epochs in args.epochs for run in args.runs]
+        with ThreadPoolExecutor(args.jobs) as pool:  # --jobs > 1: several cells share one GPU
+            for _ in pool.map(lambda c: run_and_report(*c, data, out, args), cells):
+                pass
     print(table(out))
 
 

@@ -82,15 +82,15 @@ def make_dataset(name, root):
     return yaml_path, len(names)
 
 
-def train_command(repo, extra, data_yaml, epochs, seed, cell, peer_python, imgsz=320, batch=16):
+def train_command(repo, extra, data_yaml, epochs, seed, cell, peer_python, imgsz=320, batch=16, device="cpu"):
     """The command that trains one cell: train.py with `extra` flags into cell/train (validated once, after the last
     epoch), or bench/ultralytics_shapes.py with `extra` train() settings (a leading `--model FILE` is the script's
     flag) into cell/peer (no per-epoch validation; its final one saves the predictions). bench/real_data_benchmark.py
-    trains with it too."""
+    trains with it too. On a GPU both train in fp32, as on the CPU (Ultralytics' AMP check would download a model)."""
     common = ["--data", str(data_yaml), "--epochs", str(epochs), "--imgsz", str(imgsz), "--batch", str(batch)]
-    common += ["--seed", str(seed)]
+    common += ["--seed", str(seed), "--device", str(device)]
     if repo == "ours":
-        command = [sys.executable, "train.py", *common, *extra, "--val-every", str(epochs)]
+        command = [sys.executable, "train.py", *common, *extra, "--val-every", str(epochs), "--no-amp"]
         return command + ["--workers", "2", "--out", str(cell / "train")]
     model = extra[1:2] if extra[:1] == ["--model"] else []  # a script flag, the rest are train() settings
     command = [peer_python, "bench/ultralytics_shapes.py", *common, "--out", str(cell / "peer")]

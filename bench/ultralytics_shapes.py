@@ -96,6 +96,7 @@ def parse_args():
         "--validate", default="", help="no training: only save the predictions of this .pt on the val split"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu, or a GPU index (0): fp32 either way (amp=False)")
     parser.add_argument(
         "--set",
         nargs="*",
@@ -237,7 +238,7 @@ def train_kwargs(args, data_yaml, out, epochs):
         pretrained=False,  # from scratch, like our default; there are no weights to download anyway
         amp=False,  # fp32, like train.py on the CPU (on CUDA, AMP would also run a check that downloads yolo26n.pt)
         plots=False,
-        device="cpu",
+        device=args.device,
         workers=args.workers,
         seed=args.seed,
         val=True,
@@ -271,7 +272,7 @@ def save_predictions(weights, data_yaml, args, out):
             batch=args.batch * 2,
             save_json=True,
             plots=False,
-            device="cpu",
+            device=args.device,
             workers=args.workers,
             project=str(out),
             name=name,
@@ -285,7 +286,7 @@ def save_predictions(weights, data_yaml, args, out):
 def export_onnx(args, out, best):
     """ONNX at imgsz, batch 1, Ultralytics' default export settings (opset, onnxslim simplification)."""
     if best is not None:  # written next to it: weights/best.onnx
-        path = Path(YOLO(str(best)).export(format="onnx", imgsz=args.imgsz, device="cpu")).resolve()
+        path = Path(YOLO(str(best)).export(format="onnx", imgsz=args.imgsz, device=args.device)).resolve()
         print(f"onnx: {path}")
         return str(path)
     # No training: an untrained model with our class count, so its head is the size of a trained one. The yaml
@@ -299,7 +300,7 @@ def export_onnx(args, out, best):
     cwd = os.getcwd()
     os.chdir(out)  # an export from a yaml model is written to the current folder: make that OUT
     try:
-        path = Path(YOLO(str(cfg_path)).export(format="onnx", imgsz=args.imgsz, device="cpu")).resolve()
+        path = Path(YOLO(str(cfg_path)).export(format="onnx", imgsz=args.imgsz, device=args.device)).resolve()
     finally:
         os.chdir(cwd)
     print(f"onnx: {path}")
