@@ -104,9 +104,12 @@ def hungarian(cost):
 def linear_assignment(cost, limit):
     """Pairs (row, column) of least total cost with each cost <= limit, as lapjv's cost_limit (which ByteTrack
     uses): leaving a row and a column unmatched costs `limit`, so a pair is kept only when it costs less."""
+    feasible = cost <= limit
+    rows, columns = np.flatnonzero(feasible.any(1)), np.flatnonzero(feasible.any(0))
+    if len(rows) < cost.shape[0] or len(columns) < cost.shape[1]:  # the others stay unmatched: a smaller problem
+        pairs = linear_assignment(cost[np.ix_(rows, columns)], limit) if len(rows) else []
+        return [(int(rows[i]), int(columns[j])) for i, j in pairs]
     n, m = cost.shape
-    if n == 0 or m == 0:
-        return []
     square = np.full((n + m, n + m), UNMATCHABLE)
     square[:n, :m] = np.where(cost <= limit, cost, UNMATCHABLE)
     square[np.arange(n), m + np.arange(n)] = limit / 2  # row i left unmatched
@@ -191,6 +194,7 @@ class Tracker:
         first, previous = self.frame is None, self.frame
         dt = 1 if first else max(frame - previous, 1)
         self.frame = frame
+        self.tracks = [t for t in self.tracks if frame - t.last_frame <= self.lost_frames]  # before a gap's match
         for track in self.tracks:
             track.predict(dt)
         valid = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
@@ -206,7 +210,7 @@ class Tracker:
             if track.last_frame == frame:
                 track.id, self.next_id = self.next_id, self.next_id + 1
         dead = {id(t) for t in unmatched}  # a new track not found again at once was noise
-        self.tracks = [t for t in self.tracks if id(t) not in dead and frame - t.last_frame <= self.lost_frames]
+        self.tracks = [t for t in self.tracks if id(t) not in dead]
         for j in high_left:
             if scores[j] >= NEW_TRACK_SCORE:
                 self.tracks.append(Track(boxes[j], scores[j], classes[j], frame))
