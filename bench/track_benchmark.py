@@ -2,7 +2,7 @@
 its bytetrack.yaml defaults, run in the peer environment), on generated sequences (bench/track_sequence.py) at
 --vid-stride 1 and 3, scored with HOTA, MOTA and IDF1 by TrackEval's metrics.
 
-    python bench/track_benchmark.py --peer-python $PEER_PYTHON      # 3 sequences of 450 frames, ~1 min on 2 cores
+    python bench/track_benchmark.py --peer-python $PEER_PYTHON      # 3 sequences of 450 frames, about 30 s on 2 cores
 
 Protocol: each sequence's detections (jitter, misses, clutter, low scores when half hidden) are made once; every
 tracker gets the same ones, frame by frame, of the frames a stride keeps (0, 3, 6, ... at stride 3), and is scored
@@ -27,6 +27,10 @@ PEER_SCRIPT = """
 import json, sys
 from pathlib import Path
 from types import SimpleNamespace
+try:
+    import lap  # Ultralytics' trackers need it and would pip-install it at run time
+except ImportError:
+    sys.exit(f"the peer environment lacks lap, which Ultralytics' tracker needs: {sys.prefix}/bin/pip install lap")
 import numpy as np, yaml, ultralytics
 from ultralytics.trackers.byte_tracker import BYTETracker
 
@@ -73,7 +77,10 @@ def ultralytics(jobs, peer_python):
         (Path(tmp) / "job.json").write_text(json.dumps(job))
         (Path(tmp) / "peer.py").write_text(PEER_SCRIPT)
         command = [peer_python, str(Path(tmp) / "peer.py"), str(Path(tmp) / "job.json"), str(Path(tmp) / "out.json")]
-        subprocess.run(command, check=True, env=peer_environment(peer_python))
+        done = subprocess.run(command, env=peer_environment(peer_python), stderr=subprocess.PIPE, text=True)
+        if done.returncode:
+            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            sys.exit(f"Ultralytics' tracker in {peer_python} failed: {last}")
         return json.loads((Path(tmp) / "out.json").read_text())
 
 
