@@ -175,7 +175,7 @@ def test_a_stream_back_within_seconds_keeps_its_ids_else_starts_new_ones(tmp_pat
 
 
 def test_detect_track_on_a_stream_that_drops_and_comes_back(weights, tmp_path, capsys, quick_reconnect):  # noqa: F811
-    first = MjpegServer()
+    first, servers = MjpegServer(), []
     port = first.port
 
     def drop_then_return():
@@ -184,12 +184,16 @@ def test_detect_track_on_a_stream_that_drops_and_comes_back(weights, tmp_path, c
             time.sleep(0.02)
         first.stop()
         time.sleep(0.1)
-        MjpegServer(port=port, first=500, drop_after=15)  # back at once; stops for good after 15 frames
+        servers.append(MjpegServer(port=port, first=500, drop_after=15))  # back at once; gone for good after 15
 
     thread = threading.Thread(target=drop_then_return, daemon=True)
     thread.start()
-    out = detect.main(["--weights", str(weights), "--source", first.url, "--track", "--out", str(tmp_path / "out")])
-    thread.join()
+    try:
+        out = detect.main(["--weights", str(weights), "--source", first.url, "--track", "--out", str(tmp_path / "o")])
+    finally:
+        thread.join()
+        for server in [first, *servers]:
+            server.stop()
     printed = capsys.readouterr().out
     assert f"stream {first.url} dropped and was reopened; away " in printed, printed
     assert "its objects keep their track ids" in printed
