@@ -56,10 +56,6 @@ class Tracks(NamedTuple):
     scores: np.ndarray
     classes: np.ndarray
 
-    def rows(self):
-        """(k, 7) float rows x1 y1 x2 y2 score class id."""
-        return np.column_stack([self.boxes, self.scores, self.classes, self.ids]).astype(np.float64)
-
 
 def iou_matrix(a, b):
     """IoU of each box of a (n, 4) with each of b (m, 4), x1 y1 x2 y2."""
@@ -128,8 +124,7 @@ class Track:
         size = np.array([w, h, w, h])
         self.covariance = np.diag(np.r_[2 * POSITION_NOISE * size, NEW_VELOCITY_STD * size] ** 2)
         self.score, self.cls, self.id = score, cls, 0  # id 0: not confirmed yet
-        self.first_frame = self.last_frame = frame
-        self.hits = 1
+        self.last_frame = frame
 
     def predict(self, dt):
         """Move the state `dt` frames of the source ahead; the uncertainty grows with dt (a random walk)."""
@@ -149,7 +144,6 @@ class Track:
         self.mean = self.mean + gain @ (measured - self.mean[:4])
         self.covariance = self.covariance - gain @ projected @ gain.T
         self.score, self.cls, self.last_frame = score, cls, frame
-        self.hits += 1
 
     def box(self):
         cx, cy, w, h = self.mean[:4]
