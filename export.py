@@ -70,7 +70,7 @@ from utils.distributed import select_device
 from utils.evaluate import evaluate
 from utils.export import formats as export_formats
 from utils.export.formats import OPTIONS, a_or_an, file_size, installed, joined, label, missing_sentence, output_path
-from utils.export.writers import ExportError, ModelWithNMS
+from utils.export.writers import ExportError, ModelWithNMS, written_at_once
 from utils.inference import compare_detections, from_pytorch, load_exported, median_latency, postprocess, preprocess
 
 MAX_MAP_DROP = {"fp32": 0.002, "fp16": 0.002, "int8": 0.01}
@@ -284,8 +284,9 @@ def write_all(weights, jobs, network, x32, args, metadata, calibration, data):
         path.parent.mkdir(parents=True, exist_ok=True)
         if precision == "int8":
             print(f"quantizing to INT8, calibrated on up to {args.calib_images} images of {data['yaml']} ...")
-        try:
-            row.write(module, x, path, args, meta, calibration if precision == "int8" else None)
+        try:  # written aside, then renamed: a kill or a full disk never leaves half a file that later loads
+            with written_at_once(path, row.folder) as temporary:
+                row.write(module, x, temporary, args, meta, calibration if precision == "int8" else None)
         except ExportError as e:
             sys.exit(f"error: {e}")
         print(f"wrote {path.parent if row.folder else path} ({file_size(path) / 1e6:.1f} MB)")

@@ -8,6 +8,7 @@ tmpfs (root), the same is also done on a real full disk.
 import contextlib
 import errno
 import logging
+import os
 import struct
 import subprocess
 import sys
@@ -363,3 +364,216 @@ def test_label_rows_fuzzed_never_raise_and_give_valid_rows_or_a_reason(tmp_path)
     fuzz()
     print(f"fuzzed label files: {sum(outcomes.values())} cases, by outcome {outcomes}")
     assert sum(outcomes.values()) >= 500 and outcomes.get("labelled", 0) > 50 and outcomes.get("corrupt", 0) > 50
+
+
+# ---------------------------------------------------------------------------------------------
+# A full disk at the other files a run writes: plots, the log, args.yaml, metrics.json, an export
+# ---------------------------------------------------------------------------------------------
+
+
+def half_then_full(real_atomic_write):
+    """atomic_write on a disk that fills up after the first bytes of the new file."""
+
+    def atomic_write(path, write, fsync=False):
+        def full(f):
+            f.write(b"half a file")
+            raise_enospc()
+
+        return real_atomic_write(path, full, fsync)
+
+    return atomic_write
+
+
+def no_temporary_files(folder):
+    return not [p.name for p in folder.iterdir() if p.name.startswith(".") or ".tmp" in p.name]
+
+
+def check_plot_kept(folder, full, caplog):
+    from utils import plots
+
+    csv_path, png = folder / "results.csv", folder / "results.png"
+    csv_path.write_text("epoch,loss,mAP50\n1,0.5,0.1\n2,0.4,0.2\n")
+    plots.plot_results(csv_path, png)
+    before = png.read_bytes()
+    with full(), caplog.at_level(logging.WARNING, logger="yolo"):
+        plots.plot_results(csv_path, png)  # a plot is not worth a run: a warning, and the run goes on
+    warnings = [r.getMessage() for r in caplog.records]
+    caplog.clear()
+    assert len(warnings) == 1 and "\n" not in warnings[0], warnings
+    assert warnings[0].startswith(f"{png} could not be written (the disk is full, ") and " free)" in warnings[0]
+    assert png.read_bytes() == before and no_temporary_files(folder)  # the previous one intact, nothing left
+    return warnings[0]
+
+
+def test_a_full_disk_while_drawing_a_plot_warns_and_keeps_the_previous_one(tmp_path, monkeypatch, caplog):
+    from utils import plots
+
+    full = patched(monkeypatch, (plots, "atomic_write", half_then_full(general.atomic_write)))
+    print("injected:", check_plot_kept(tmp_path, full, caplog))
+    with tiny_tmpfs(tmp_path / "tmpfs") as disk:
+        if disk is None:
+            print("mount not allowed here (not root): the injected full disk only")
+        else:
+            print("real 2 MB tmpfs:", check_plot_kept(disk, filled(disk), caplog))
+
+
+class FullStream:
+    """A log file's stream on a full disk."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        raise_enospc()
+
+    def flush(self):
+        pass
+
+    def close(self):
+        self.stream.close()
+
+
+def check_log_file(folder, full, capsys):
+    log_file = folder / "train.log"
+    log = general.setup_logging(log_file)
+    log.info("epoch 1 done")
+    with full():
+        for epoch in range(2, 5):  # each line larger than the buffer: each reaches the full disk
+            log.info(f"epoch {epoch} " + "x" * 70000)
+    captured = capsys.readouterr()
+    general.setup_logging(None)  # this file's handler closed
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in captured.err and "Logging error" not in captured.err, captured.err
+    assert lines[0].startswith(f"warning: {log_file} could not be written (the disk is full, "), lines
+    assert lines[0].endswith(" free); its lines go to the console only")
+    assert "epoch 4" in captured.out  # the console has every line
+    assert log_file.read_text().splitlines()[0].endswith("INFO epoch 1 done")  # the lines before are kept
+    return lines[0]
+
+
+def test_a_full_disk_while_logging_is_said_once_and_the_run_goes_on(tmp_path, capsys):
+    @contextlib.contextmanager
+    def injected():
+        handler = next(h for h in logging.getLogger("yolo").handlers if isinstance(h, general.LogFileHandler))
+        handler.stream = FullStream(handler.stream)
+        yield
+
+    print("injected:", check_log_file(tmp_path, injected, capsys))
+    with tiny_tmpfs(tmp_path / "tmpfs") as disk:
+        if disk is None:
+            print("mount not allowed here (not root): the injected full disk only")
+        else:
+            print("real 2 MB tmpfs:", check_log_file(disk, filled(disk), capsys))
+
+
+def check_run_file_kept(folder, full):
+    path = folder / "metrics.json"
+    general.write_run_file(path, '{"mAP50": 0.5}')
+    with full(), pytest.raises(DiskFull) as stop:
+        general.write_run_file(path, '{"mAP50": 0.6, "pad": "' + "x" * 3_000_000 + '"}', "best.pt is intact")
+    sentence = str(stop.value)
+    assert sentence.startswith(f"stopping: the disk is full, {path} could not be written (") and "\n" not in sentence
+    assert " free on that disk now); best.pt is intact" in sentence
+    assert path.read_text() == '{"mAP50": 0.5}' and no_temporary_files(folder)
+    return sentence
+
+
+def test_a_full_disk_while_writing_args_yaml_or_metrics_json_stops_with_one_sentence(tmp_path, monkeypatch):
+    full = patched(monkeypatch, (general, "atomic_write", half_then_full(general.atomic_write)))
+    print("injected:", check_run_file_kept(tmp_path, full))
+    with tiny_tmpfs(tmp_path / "tmpfs") as disk:
+        if disk is None:
+            print("mount not allowed here (not root): the injected full disk only")
+        else:
+            print("real 2 MB tmpfs:", check_run_file_kept(disk, filled(disk)))
+
+
+def check_export_kept(folder, write):
+    """An exporter that fills the disk while writing best.onnx: one sentence, the previous best.onnx intact."""
+    from utils.export.writers import ExportError, written_at_once
+
+    path = folder / "best.onnx"
+    path.write_bytes(b"the previous export")
+    with pytest.raises(ExportError) as stop, written_at_once(path) as temporary:
+        write(temporary)
+    sentence = str(stop.value)
+    assert sentence.startswith(f"{path} could not be written (the disk is full, ") and "\n" not in sentence
+    assert sentence.endswith(" free); the previous best.onnx is intact")
+    assert path.read_bytes() == b"the previous export" and no_temporary_files(folder)
+    return sentence
+
+
+def four_megabytes(path):
+    with open(path, "wb") as f:
+        for _ in range(64):
+            f.write(b"\0" * 65536)
+            f.flush()
+
+
+def test_a_full_disk_while_exporting_keeps_the_previous_file(tmp_path):
+    def injected(path):
+        Path(path).write_bytes(b"half an onnx graph")
+        raise_enospc()
+
+    print("injected:", check_export_kept(tmp_path, injected))
+    with tiny_tmpfs(tmp_path / "tmpfs") as disk:
+        if disk is None:
+            print("mount not allowed here (not root): the injected full disk only")
+        else:
+            print("real 2 MB tmpfs:", check_export_kept(disk, four_megabytes))
+
+
+# ---------------------------------------------------------------------------------------------
+# A folder that cannot be written: --out, the dataset
+# ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def read_only(folder):
+    """`folder` read-only while the context lasts: bind-mounted read-only onto itself where this user may mount
+    (root, whom file modes do not stop), else its modes without write permission."""
+    if os.geteuid() != 0:
+        folders = [folder, *(p for p in folder.rglob("*") if p.is_dir())]
+        for p in folders:
+            p.chmod(0o555)
+        try:
+            yield
+        finally:
+            for p in folders:
+                p.chmod(0o755)
+        return
+    if subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True).returncode:
+        pytest.skip("root without mount: no read-only folder can be made here")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True, capture_output=True)
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_out_on_a_read_only_folder_stops_with_one_sentence(tmp_path):
+    locked = tmp_path / "read_only"
+    locked.mkdir()
+    with read_only(locked):
+        stopped = run(["--data", "no.yaml", "--out", locked / "run", *TINY], check=False)
+    assert stopped.returncode == 1 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    sentence = stopped.stderr.strip().splitlines()[-1]
+    print(sentence)
+    assert sentence.startswith(f"--out: {locked / 'run'} could not be written (")
+    assert "read-only" in sentence or "permission denied" in sentence
+    assert sentence.endswith("give --out a folder this user can write in")
+
+
+def test_a_read_only_dataset_trains_with_its_label_cache_in_the_users_cache_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("YOLO_CACHE_DIR", str(tmp_path / "user_cache"))
+    make_shapes(tmp_path / "shapes", n_train=2, n_val=1, size=64)
+    data = tmp_path / "tiny.yaml"
+    data.write_text("path: shapes\ntrain: images/train\nval: images/val\nnames: [a, b, c, d, e, f]\n")
+    with read_only(tmp_path / "shapes"):
+        trained = run(["--data", data, "--epochs", "1", "--out", tmp_path / "run", *TINY])
+    assert "Traceback" not in trained.stderr
+    notes = [line for line in (trained.stdout + trained.stderr).splitlines() if "label cache" in line]
+    print(*notes, sep="\n")
+    assert notes and all(str(tmp_path / "user_cache") in line for line in notes)
+    assert len(list((tmp_path / "user_cache").glob("*.cache.npz"))) == 2  # train and val
+    assert not list((tmp_path / "shapes").rglob("*.cache.npz"))

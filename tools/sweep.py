@@ -164,8 +164,9 @@ def run_local(queue, skipped, workers):
     counts, caught = asyncio.run(run_all(queue, workers))
     print(
         f"sweep: {counts['done']} done, {counts['failed']} failed, {counts['interrupted']} interrupted, "
-        f"{counts['total'] - counts['done'] - counts['failed'] - counts['interrupted']} not started, "
-        f"{skipped} already done",
+        f"{counts['total'] - counts['done'] - counts['failed'] - counts['interrupted'] - counts['elsewhere']} not "
+        f"started, {skipped} already done"
+        + (f", {counts['elsewhere']} left to another tools/sweep.py on this spec" if counts["elsewhere"] else ""),
         flush=True,
     )
     for line in counts["failures"]:

@@ -8,6 +8,9 @@ import sys
 import time
 
 from tools.sweep_spec import TIME, read_json, render, write_json
+from utils.locks import FolderTaken, claim, release
+
+SWEEP_LOCK = ".sweep.lock"  # not train.py's .lock: a command's --out may be the experiment's folder itself
 
 GRACE = 5.0  # seconds a stopped command gets between SIGTERM and SIGKILL
 
@@ -71,13 +74,30 @@ async def run_command(exp, command, gpus, env, stop):
 
 
 def report(word, gpus, command, exp, counts, note=""):
-    left = counts["total"] - counts["done"] - counts["failed"] - counts["running"]
+    left = counts["total"] - counts["done"] - counts["failed"] - counts["running"] - counts.get("elsewhere", 0)
     where = "cpu" if gpus == "cpu" else f"gpu {gpus}"
     print(
         f"{word:<5} {where}: {command} {exp['index']}/{counts['total']} {exp['dir']}{note}  "
         f"[done {counts['done']}, failed {counts['failed']}, running {counts['running']}, left {left}]",
         flush=True,
     )
+
+
+def claim_experiment(exp, sweep_started):
+    """None once this process holds the experiment's folder (an flock, utils/locks.py: two tools/sweep.py on one
+    spec never run one experiment twice at once); else why another process has it: running it now, or it ran it
+    to success after this sweep listed what to run."""
+    try:
+        claim(exp["dir"], SWEEP_LOCK)
+    except FolderTaken as taken:
+        return f"another tools/sweep.py (process {taken.pid or 'unknown'}) is running it"
+    stat_path = exp["dir"] / "stat"
+    stat = read_json(stat_path, {})
+    if stat_path.exists() and stat_path.stat().st_mtime > sweep_started:
+        if all(stat.get(command, {}).get("status") == "success" for command in exp["todo"]):
+            release(exp["dir"], SWEEP_LOCK)
+            return "another tools/sweep.py ran it since this one started"
+    return None
 
 
 async def worker(gpus, queue, stop, counts, keep_gpus=False):
@@ -87,20 +107,27 @@ async def worker(gpus, queue, stop, counts, keep_gpus=False):
     env.setdefault("PYTHONUNBUFFERED", "1")  # logs are files: python would hold output back in 8 KB blocks
     while queue and not stop.is_set():
         exp = queue.popleft()  # one event loop thread: no lock needed
-        exp["dir"].mkdir(parents=True, exist_ok=True)
+        elsewhere = claim_experiment(exp, counts["started"])
+        if elsewhere:
+            counts["elsewhere"] += 1
+            report("SKIP", gpus, "-", exp, counts, f": {elsewhere}")
+            continue
         write_json(exp["dir"] / "param", exp["params"])
         counts["running"] += 1
         status = "success"
-        for command in exp["todo"]:
-            if stop.is_set():
-                status = "interrupted"
-                break
-            report("START", gpus, command, exp, counts)
-            started = time.monotonic()
-            status = await run_command(exp, command, gpus, env, stop)
-            if status != "success":
-                break
-            report("DONE", gpus, command, exp, counts, f" ({time.monotonic() - started:.0f}s)")
+        try:
+            for command in exp["todo"]:
+                if stop.is_set():
+                    status = "interrupted"
+                    break
+                report("START", gpus, command, exp, counts)
+                started = time.monotonic()
+                status = await run_command(exp, command, gpus, env, stop)
+                if status != "success":
+                    break
+                report("DONE", gpus, command, exp, counts, f" ({time.monotonic() - started:.0f}s)")
+        finally:
+            release(exp["dir"], SWEEP_LOCK)
         counts["running"] -= 1
         if status == "fail":
             counts["failed"] += 1
@@ -137,6 +164,7 @@ async def run_all(queue, workers, keep_gpus=False):
             raise
 
     counts = {"total": len(queue), "done": 0, "failed": 0, "running": 0, "interrupted": 0, "failures": []}
+    counts.update(elsewhere=0, started=time.time())  # experiments another tools/sweep.py on this spec had
     # let every worker clean up first
     results = await asyncio.gather(*(guarded(gpus) for gpus in workers), return_exceptions=True)
     for result in results:

@@ -58,3 +58,27 @@ def disk_full_sentence(path, kept, then):
     free = free_bytes(path.parent)
     left = f"{size_text(free)} free" if free is not None else "free space unknown"
     return f"stopping: the disk is full, {path} could not be written ({left} on that disk now); {kept}; {then}"
+
+
+# a folder a run cannot write in: --out on a read-only mount, a dataset folder shared read-only
+UNWRITABLE = {
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "not allowed",
+}
+
+
+def why_not_written(error, folder):
+    """The reason a write failed, in a few words: the disk full (and its free space), read-only, no permission,
+    or the error's own words."""
+    if is_disk_full(error, folder):
+        free = free_bytes(folder)
+        return f"the disk is full, {size_text(free) if free is not None else 'unknown space'} free"
+    if isinstance(error, OSError) and error.errno in UNWRITABLE:
+        return UNWRITABLE[error.errno]
+    return getattr(error, "strerror", None) or str(error)
+
+
+def not_written_sentence(path, error, kept):
+    """'PATH could not be written (why); what is intact': one sentence for a file a run or a tool could not write."""
+    return f"{path} could not be written ({why_not_written(error, Path(path).parent)}); {kept}"

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from utils.general import next_run_dir
+from utils.locks import claim_run_dir
 
 TIMEOUT = datetime.timedelta(hours=3)  # rank 0 validates while the others wait: far more than the default 10 min
 
@@ -240,11 +240,12 @@ def wrap_ddp(model, device):
 
 
 def make_run_dir(out, is_main, world_size):
-    """Rank 0 makes the run folder (--out, else runs/train/exp, exp2, ...) with its weights/; under DDP every
+    """Rank 0 makes and claims the run folder (--out, else runs/train/exp, exp2, ...) with its weights/: a second
+    run on the same folder, or one it cannot write in, stops with one sentence (utils/locks.py). Under DDP every
     rank gets its path (they write nothing, but all must agree on it)."""
     run_dir = None
     if is_main:
-        run_dir = Path(out) if out else next_run_dir("runs/train/exp")
+        run_dir = claim_run_dir(out)
         (run_dir / "weights").mkdir(parents=True, exist_ok=True)
     if world_size > 1:
         shared = [str(run_dir) if is_main else None]

@@ -5,12 +5,15 @@ numpy and torch are imported inside the functions that use them: tools/sweep.py 
 and must start in a fraction of a second, without torch.
 """
 
+import contextlib
 import logging
 import os
 import random
 import re
 import sys
 from pathlib import Path
+
+from utils.disk import DiskFull, disk_full_sentence, is_disk_full, not_written_sentence
 
 
 def setup_logging(log_file=None, rank=0):
@@ -24,10 +27,41 @@ def setup_logging(log_file=None, rank=0):
     console.setFormatter(logging.Formatter("%(message)s"))
     log.addHandler(console)
     if log_file:
-        f = logging.FileHandler(log_file)
+        f = LogFileHandler(log_file)
         f.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(f)
     return log
+
+
+class LogFileHandler(logging.FileHandler):
+    """The log file. A full disk (or a log file that cannot be written) is said once, in one sentence, and the
+    lines go on to the console only: logging's default prints a traceback per line instead, and a log is not
+    worth a run (when the disk stays full, the next checkpoint stops it with its sentence)."""
+
+    def handleError(self, record):
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            return super().handleError(record)
+        logging.getLogger("yolo").removeHandler(self)
+        with contextlib.suppress(OSError):  # what is left in its buffer cannot be written either
+            self.close()
+        print(
+            f"warning: {not_written_sentence(self.baseFilename, error, 'its lines go to the console only')}",
+            file=sys.stderr,
+        )
+
+
+def write_run_file(path, text, kept="nothing written before is lost"):
+    """A run's small text file (args.yaml, metrics.json) written all at once (a kill leaves the previous one or
+    none). A full disk stops the run with one sentence naming the path and the free space (DiskFull, a
+    SystemExit), and so does a folder that cannot be written."""
+    path = Path(path)
+    try:
+        write_text_atomic(path, text)
+    except OSError as e:
+        if is_disk_full(e, path.parent):
+            raise DiskFull(disk_full_sentence(path, kept, "free some space and run again")) from None
+        raise SystemExit(f"stopping: {not_written_sentence(path, e, kept)}") from None
 
 
 def next_run_dir(base="runs/train/exp"):

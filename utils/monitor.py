@@ -47,6 +47,18 @@ def append_results_row(path, row):
         raise
 
 
+def epoch_loss_sums(checkpoint, parts, device):
+    """(sums of the loss parts, batches summed) at an epoch's start: zeros, or for a run resumed in the middle of
+    an epoch what its last.pt saved (training_state's "epoch_sums"), so that results.csv's losses of that epoch
+    average all its batches, as an uninterrupted run's do, not only those after the resume."""
+    import torch
+
+    saved = checkpoint.get("epoch_sums") if checkpoint else None  # None: an epoch's start, or an older last.pt
+    if saved is None:
+        return torch.zeros(parts, device=device), 0
+    return saved[0].to(device), int(saved[1])
+
+
 def _stop_if_disk_full(error, path, kept):
     if is_disk_full(error, path.parent):
         last = path.parent / "weights" / "last.pt"

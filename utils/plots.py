@@ -5,6 +5,7 @@ Every chart draws on a `matplotlib.figure.Figure` created directly, never throug
 keeps global state and is not thread-safe, and `in_background` runs these functions in a thread."""
 
 import csv
+import logging
 import math
 import threading
 from pathlib import Path
@@ -18,8 +19,24 @@ import torch  # noqa: E402
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from utils.disk import not_written_sentence  # noqa: E402
 from utils.evaluate import model_outputs  # noqa: E402
+from utils.general import atomic_write  # noqa: E402
 from utils.inference import postprocess  # noqa: E402
+
+
+def save_figure(fig, path):
+    save_image_file(path, lambda f: fig.savefig(f, format=Path(path).suffix[1:], dpi=100))
+
+
+def save_image_file(path, write):
+    """A plot written all at once (atomic_write): a run killed while it is drawn leaves the previous file or none,
+    never half an image. A full disk or a folder that cannot be written is one warning naming the path, not a
+    stop: a plot is not worth a run (when the disk stays full, the next checkpoint stops it with its sentence)."""
+    try:
+        atomic_write(path, write)
+    except OSError as e:
+        logging.getLogger("yolo").warning(not_written_sentence(path, e, "the previous one, if any, is intact"))
 
 
 def plot_results(csv_path, out_path):
@@ -39,7 +56,7 @@ def plot_results(csv_path, out_path):
     for ax in axes.flat[len(columns) :]:
         ax.axis("off")
     fig.tight_layout()
-    fig.savefig(out_path, dpi=100)
+    save_figure(fig, out_path)
 
 
 def plot_pr_curve(curves, names, map50_per_class, out_path):
@@ -61,7 +78,7 @@ def plot_pr_curve(curves, names, map50_per_class, out_path):
     ax.set(xlabel="recall", ylabel="precision", xlim=(0, 1), ylim=(0, 1.01), title="precision-recall at IoU 0.5")
     ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
-    fig.savefig(out_path, dpi=100)
+    save_figure(fig, out_path)
 
 
 def plot_confusion_matrix(matrix, names, out_path):
@@ -80,7 +97,7 @@ def plot_confusion_matrix(matrix, names, out_path):
     ax.set(xlabel="true", ylabel="predicted", title="confusion matrix (columns sum to 1)")
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
-    fig.savefig(out_path, dpi=100)
+    save_figure(fig, out_path)
 
 
 def colour(k):
@@ -188,7 +205,8 @@ def plot_batch(images, targets, names, path, predictions=None, max_images=16, co
         r, c = divmod(i, cols)
         grid[r * (th + gap) : r * (th + gap) + th, c * (tw + gap) : c * (tw + gap) + tw] = tile
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    cv2.imwrite(str(path), grid, [cv2.IMWRITE_JPEG_QUALITY, 90])
+    encoded = cv2.imencode(Path(path).suffix or ".jpg", grid, [cv2.IMWRITE_JPEG_QUALITY, 90])[1]
+    save_image_file(path, lambda f: f.write(encoded.tobytes()))
     return path
 
 
@@ -239,7 +257,7 @@ def plot_labels(records, names, path):
     draw_box_shapes(axes[1, 1], bw, bh, sizes, classes)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path)
     return path
 
 
@@ -308,7 +326,7 @@ def plot_confidence_curves(curves, names, out_dir):
             ax.text(0.5, 0.5, "no class has ground truth", ha="center", va="center")
         ax.set(xlabel="confidence", ylabel=short, xlim=(0, 1), ylim=(0, 1.01), title=f"{short} against confidence")
         fig.tight_layout()
-        fig.savefig(out_dir / file, dpi=100)
+        save_figure(fig, out_dir / file)
     return best_conf
 
 

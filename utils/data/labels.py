@@ -34,7 +34,7 @@ from utils.data.coco_json import CocoSplit
 from utils.data.images import MAX_PIXELS, BadImage, limit_pixels, usable_shape
 from utils.data.records import Records, as_records
 from utils.data.voc import VocSplit
-from utils.disk import free_bytes, is_disk_full, size_text
+from utils.disk import why_not_written
 from utils.general import atomic_write, write_text_atomic  # tests replace the writers (read-only)
 from utils.settings import default_workers
 
@@ -354,9 +354,8 @@ def _write_cache(locations, records, meta, split_name):
                 )
             return log_path
         except OSError as e:
-            error = e
-            if is_disk_full(e, cache_path.parent):  # the sentence names the space left; the run goes on
-                error = f"the disk is full, {size_text(free_bytes(cache_path.parent) or 0)} free"
+            # the disk full (with the space left), read-only, no permission: the run goes on
+            error = why_not_written(e, cache_path.parent)
     log.warning(
         f"{split_name}: cannot write the label cache {locations[0][0]} ({error}); verification will run again next time"
     )

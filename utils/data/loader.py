@@ -391,4 +391,8 @@ def make_loader(dataset, batch_sampler=None, batch_size=None, workers=2, pin_mem
         multiprocessing_context=_worker_context() if workers > 0 else None,
         persistent_workers=workers > 0,  # pitfall D8: workers re-created each epoch would re-import code edited since
         prefetch_factor=4 if workers > 0 else None,
+        # Each iter() draws the workers' base seed from this generator, not from torch's global one: a resumed run
+        # makes its iterator at another point of the global stream, and its last.pt would then save other RNG
+        # states than an uninterrupted run's (the data's own randomness is per sample, utils/data/augment.py).
+        generator=torch.Generator().manual_seed(0),
     )

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import logging
 import multiprocessing
+import os
 import re
 import shutil
 import sys
@@ -25,7 +26,9 @@ from pathlib import Path
 import torch
 import torchvision
 
+from utils.disk import UNWRITABLE, is_disk_full, not_written_sentence
 from utils.export.loaders import METADATA_FILE, OPENVINO_METADATA, export_metadata
+from utils.locks import remove_stale_temporary_files
 
 # Layers left in float by --int8, found by measurement (bench/int8_float_layers.py, docs/deploy.md): regular
 # expressions on the ONNX node names (OpenVINO keeps them). The box decoding after the head's convolutions: DFL
@@ -38,6 +41,41 @@ KEEP_FLOAT = [r"^/head/(?!(one2one_)?(box|cls)\.)"]
 
 class ExportError(ValueError):
     """A file that cannot be written as asked, in one sentence (export.py prints it and exits)."""
+
+
+@contextlib.contextmanager
+def written_at_once(path, folder=False):
+    """Yields a temporary path beside `path` (same suffix: some writers pick the format by it) for a writer to fill,
+    then renames it to `path`: a kill or a full disk while exporting leaves the previous file or none, never a
+    half-written one that a later val.py or detect.py would load. folder: the format is a folder of files (OpenVINO:
+    .xml and .bin); the whole folder is written aside, then swapped in. A full disk or a folder that cannot be
+    written: ExportError, one sentence with the path and the free space; the temporary file is removed."""
+    path, pid = Path(path), os.getpid()
+    target = path.parent if folder else path
+    remove_stale_temporary_files(target.parent)  # an earlier export killed while writing left its temporary file
+    temporary = target.with_name(f".{target.stem}.{pid}.tmp{target.suffix}")
+    try:
+        if folder:
+            temporary.mkdir(parents=True)
+        yield temporary / path.name if folder else temporary
+        if folder:  # a folder cannot be renamed over a full one: the old one aside first, then removed
+            old = target.with_name(f".{target.name}.old.{pid}.tmp")
+            if target.exists():
+                os.replace(target, old)
+            os.replace(temporary, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(temporary, path)
+    except Exception as e:
+        if not (is_disk_full(e, target.parent) or (isinstance(e, OSError) and e.errno in UNWRITABLE)):
+            raise
+        kept = f"the previous {target.name} is intact" if target.exists() else f"there is no {target.name}"
+        raise ExportError(not_written_sentence(target, e, kept)) from None
+    finally:
+        if folder:
+            shutil.rmtree(temporary, ignore_errors=True)
+        else:
+            temporary.unlink(missing_ok=True)
 
 
 class ModelWithNMS(torch.nn.Module):
