@@ -3,8 +3,10 @@
     python detect.py --source photo.jpg                        # newest runs/train/*/weights/best.pt
     python detect.py --weights best.onnx --source images/ --save-txt --save-json
     python detect.py --weights best.torchscript --source "shots/*.png" --conf 0.4 --classes 0 2
+    python detect.py --weights best.pt --source aerial.jpg --tile 640   # small objects in large images (utils/tiles.py)
     python detect.py --weights best_int8_openvino_model --source images/   # any folder export.py --openvino wrote
     python detect.py --weights best.pt --source video.mp4     # writes an annotated video
+    python detect.py --weights best.pt --source video.mp4 --track   # ids kept from frame to frame (utils/track.py)
     python detect.py --weights best.pt --source 0              # webcam 0; Ctrl+C stops and saves
     python detect.py --weights best.pt --source rtsp://user:pass@192.168.1.10:554/stream1  # also http(s)://
     python detect.py --weights best.pt --source cameras.streams --vid-stride 2  # one source a line, all at once
@@ -26,6 +28,8 @@ Outputs in runs/detect/exp (exp2, ... or --out): the annotated images, and a .mp
   --save-json  predictions.json in COCO format: image_id (the file name's stem, as a number when it
                is one, so COCO val images match their ids; NAME_FRAME for videos), category_id (the
                class index), bbox (x y w h in pixels), score
+  --track      videos, webcams and streams: each object's id drawn, and tracks/NAME.txt in MOT-challenge text,
+               frame,id,x,y,w,h,score,class (frame from 1, counting every frame of the source)
 Unreadable files are reported and skipped; the run goes on.
 """
 
@@ -54,6 +58,8 @@ from utils.distributed import select_device
 from utils.general import next_run_dir
 from utils.plots import draw_detections
 from utils.streams import Stream, StreamError, is_url, quiet_video_logs, read_streams_file, source_names
+from utils.tiles import DEFAULT_OVERLAP, tiled_model, tiling_error
+from utils.track import TrackWriter, draw_tracks
 
 WRITABLE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}  # cv2 writes these; others become .jpg
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".m4v", ".mpg", ".mpeg", ".wmv", ".webm", ".gif"}
@@ -81,8 +87,11 @@ def parse_args(argv=None):
     )
     parser.add_argument("--classes", type=int, nargs="+", help="keep only these class indices")
     parser.add_argument("--max-det", type=int, default=300, help="at most this many detections per image")
+    parser.add_argument("--tile", type=int, default=0, help="run on overlapping tiles of this many px")
+    parser.add_argument("--overlap", type=float, default=DEFAULT_OVERLAP, help="--tile: the part shared by neighbours")
     parser.add_argument("--device", default="", help="cpu, 0, ... (default: the first GPU if any)")
     parser.add_argument("--vid-stride", type=int, default=1, help="process every Nth frame of videos and streams")
+    parser.add_argument("--track", action="store_true", help="ids kept across frames: drawn, and in tracks/NAME.txt")
     parser.add_argument("--save-txt", action="store_true", help="labels/*.txt: class cx cy w h conf (normalised)")
     parser.add_argument("--save-json", action="store_true", help="predictions.json in COCO format")
     parser.add_argument("--out", default="", help="output folder (default runs/detect/exp, exp2, ...)")
@@ -165,6 +174,8 @@ def stop_on_ctrl_c():
 
 def detect(model, img_rgb, imgsz, args):
     """(n, 6) detections in the original image's pixels and the seconds of each stage, with this run's flags."""
+    if args.tile:  # the tiled model takes the image at its own size, and slices it
+        imgsz = img_rgb.shape[:2]
     return detect_image(model, img_rgb, imgsz, args.conf, args.iou, args.classes, args.max_det)
 
 
@@ -208,12 +219,16 @@ class VideoOut:
             self.writer.release()
 
 
-def process_frame(model, frame, label, video, imgsz, out, args, coco, seconds):
-    """Detect in one BGR frame, save its results under `label` and append it, annotated, to `video`."""
+def process_frame(model, frame, label, video, imgsz, out, args, coco, seconds, tracks=None, index=0):
+    """Detect in one BGR frame, save its results under `label` and append it, annotated, to `video`; with a
+    TrackWriter `tracks`, the frame (number `index` of the source) is tracked and drawn with its ids."""
     dets, times = detect(model, cv2.cvtColor(frame, cv2.COLOR_BGR2RGB), imgsz, args)
     seconds += times
     save_results(dets, label, frame.shape[:2], out, args, coco)
-    video.write(draw_detections(frame, dets.tolist(), model["names"]))
+    if tracks is None:
+        video.write(draw_detections(frame, dets.tolist(), model["names"]))
+    else:
+        video.write(draw_tracks(frame, tracks.update(dets, index), model["names"]))
     return dets
 
 
@@ -223,6 +238,7 @@ def run_video(model, capture, name, imgsz, out, args, coco, seconds, stop):
     fps = capture.get(cv2.CAP_PROP_FPS) or 30  # webcams often report 0
     total = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))  # 0 or -1 for a webcam
     video, index, frames, found = VideoOut(out / f"{name}.mp4", fps / stride), 0, 0, 0
+    tracks = TrackWriter(out / "tracks" / f"{name}.txt") if args.track else None
     bar = tqdm(total=math.ceil(total / stride) if total > 0 else None, desc=name, unit="frame", leave=False)
     try:
         while not stop.is_set():
@@ -234,7 +250,7 @@ def run_video(model, capture, name, imgsz, out, args, coco, seconds, stop):
             ok, frame = capture.read()
             if not ok:
                 break
-            dets = process_frame(model, frame, f"{name}_{index}", video, imgsz, out, args, coco, seconds)
+            dets = process_frame(model, frame, f"{name}_{index}", video, imgsz, out, args, coco, seconds, tracks, index)
             index, frames, found = index + 1, frames + 1, found + len(dets)
             bar.update()
             bar.set_postfix_str(describe(dets, model["names"]))
@@ -242,6 +258,8 @@ def run_video(model, capture, name, imgsz, out, args, coco, seconds, stop):
         bar.close()
         capture.release()
         video.close()
+        if tracks is not None:
+            tracks.close()
     return frames, found
 
 
@@ -249,6 +267,7 @@ def run_streams(model, streams, imgsz, out, args, coco, seconds, notify, stop):
     """Round-robin over the live sources, each time on the newest frame a source received since its last
     turn, until all have stopped or `stop`; a source's video is closed as soon as it stops."""
     videos = {stream: VideoOut(out / f"{name}.mp4", stream.fps / stream.stride) for stream, name in streams}
+    tracks = {stream: TrackWriter(out / "tracks" / f"{name}.txt") for stream, name in streams} if args.track else {}
     counts = {stream: [0, 0, 0] for stream, _ in streams}  # frames, detections, reconnections reported
     live = list(streams)
 
@@ -270,7 +289,8 @@ def run_streams(model, streams, imgsz, out, args, coco, seconds, notify, stop):
                 got = stream.take()
                 if stream.reconnections > counts[stream][2]:
                     counts[stream][2] = stream.reconnections
-                    tqdm.write(f"stream {stream.name} dropped and was reopened")
+                    note = f"; {tracks[stream].reconnected()}" if tracks else ""
+                    tqdm.write(f"stream {stream.name} dropped and was reopened{note}")
                 if got is None:
                     if finished:
                         live.remove((stream, name))
@@ -278,7 +298,10 @@ def run_streams(model, streams, imgsz, out, args, coco, seconds, notify, stop):
                         report(stream)
                     continue
                 index, frame = got
-                dets = process_frame(model, frame, f"{name}_{index}", videos[stream], imgsz, out, args, coco, seconds)
+                label = f"{name}_{index}"
+                dets = process_frame(
+                    model, frame, label, videos[stream], imgsz, out, args, coco, seconds, tracks.get(stream), index
+                )
                 counts[stream][0] += 1
                 counts[stream][1] += len(dets)
                 busy = True
@@ -290,7 +313,7 @@ def run_streams(model, streams, imgsz, out, args, coco, seconds, notify, stop):
         bar.close()
         for stream, _ in streams:
             stream.close()
-        for video in videos.values():
+        for video in [*videos.values(), *tracks.values()]:
             video.close()
     for stream, _ in live:  # stopped by Ctrl+C
         report(stream)
@@ -346,6 +369,11 @@ def main(argv=None):
     except CheckpointError as e:
         sys.exit(f"error: {e}")
     imgsz, note = inference_size(model, args.imgsz)
+    if args.tile:
+        if tiling_error(args.tile, args.overlap, imgsz):
+            sys.exit(f"error: {tiling_error(args.tile, args.overlap, imgsz)}")
+        model = tiled_model(model, imgsz, args.tile, args.overlap, args.conf, args.iou, args.classes, args.max_det)
+        print(f"tiles of {args.tile} px overlapping by {args.overlap:.0%}, and the whole image for large objects")
     for sentence in (note, nms_note(model, args.conf, args.iou)):
         if sentence:
             print(f"note: {sentence}")
@@ -358,6 +386,9 @@ def main(argv=None):
     capture = cv2.VideoCapture(sources) if isinstance(sources, int) else None  # webcam
     if capture is not None and not capture.isOpened():
         sys.exit(f"error: webcam {sources} cannot be opened")
+    in_order = live or capture is not None or any(Path(s).suffix.lower() in VIDEO_SUFFIXES for s in sources)
+    if args.track and not in_order:  # frames that follow each other: a video, a webcam, a stream
+        sys.exit(f"error: --track needs a video, a webcam or a stream; --source {args.source} names images only")
 
     out = Path(args.out) if args.out else next_run_dir("runs/detect/exp")
     (out / "labels" if args.save_txt else out).mkdir(parents=True, exist_ok=True)
