@@ -29,6 +29,10 @@ own choice at that imgsz, batch and epochs (ours: --optimizer auto = AdamW 0.002
 the recipe; Ultralytics: optimizer=auto = AdamW at 0.002 * 5 / (4 + nc)). Ultralytics runs in its own venv
 (bench/peer_env.sh DIR; --peer-python DIR/bin/python or PEER_PYTHON).
 
+Fine-tuning: --weights FILE (a .pt of ours or Ultralytics') and the *-ft runs: both repos start from that file's
+architecture and tensors (the class convolutions fresh when the class count differs); "ours-ft-*" are variants of
+what a fine-tuning run could do differently. --device 0 --jobs N trains N cells at once on one GPU (fp32 both).
+
 Results: OUT/<run>/<imgsz>px/e<epochs>/s<seed>/result.json; the table in OUT/table.md.
 """
 
