@@ -3,6 +3,7 @@
 the emulated GPU path, image folders refused, and a stream that drops and comes back."""
 
 import itertools
+import os
 import threading
 import time
 
@@ -110,7 +111,8 @@ def test_assignment_is_optimal_and_respects_the_limit():
 
 
 def test_mot_text_round_trips_through_the_evaluator(tmp_path):
-    pytest.importorskip("trackeval", reason="pip install --no-deps trackeval (see requirements-dev.txt)")
+    if os.environ.get("CI") != "true":  # .ci/run installs it: there a missing evaluator fails instead
+        pytest.importorskip("trackeval", reason="pip install --no-deps trackeval==1.3.0 (see requirements-dev.txt)")
     from bench.track_benchmark import evaluate, ours
 
     gt, dets, _ = make_sequence(seed=4, frames=90, count=12)
