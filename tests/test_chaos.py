@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -147,3 +148,47 @@ def test_label_cache_killed_while_written_is_rebuilt(tmp_path):
     assert time.time() - started < 120
     caches = list((root / "labels").rglob("*.cache.npz"))
     assert caches and all(not p.name.startswith(".") for p in caches), caches
+
+
+def test_one_rank_killed_under_torchrun_the_other_stops_in_one_sentence_and_resume_continues(straight, tmp_path):
+    """SIGKILL to rank 1 of two gloo ranks on the CPU mid-epoch: rank 0 fails in its next collective and stops
+    within seconds with one sentence naming the command that continues (no traceback of ours; torchrun prints its
+    own report), and --resume under torchrun finishes the run from the last save."""
+    root, _ = straight
+    out = tmp_path / "run"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    args = ["--data", root / "tiny.yaml", "--epochs", "2", "--save-every", "1", "--val-every", "3", *TINY]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    command = [*torchrun, "train.py", *map(str, args), "--out", str(out)]
+    launcher = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    last, deadline = out / "weights" / "last.pt", time.time() + 240
+    while not last.exists():
+        assert launcher.poll() is None and time.time() < deadline, launcher.stderr.read()[-3000:]
+        time.sleep(0.05)
+    rank1 = next(pid for pid in children(launcher.pid) if "LOCAL_RANK=1" in environment(pid))
+    os.kill(rank1, signal.SIGKILL)
+    killed = time.time()
+    _, errors = launcher.communicate(timeout=120)
+    print(f"torchrun ended {time.time() - killed:.1f} s after the kill")
+    assert launcher.returncode != 0 and time.time() - killed < 60
+    sentences = [line for line in errors.splitlines() if line.startswith("stopping: rank 0 lost another process")]
+    assert len(sentences) == 1, errors[-3000:]
+    assert sentences[0].endswith(f"torchrun ... train.py --resume {last}"), sentences[0]
+    # no traceback through this repo's code: torchrun's own report only
+    assert f'File "{REPO / "train.py"}' not in errors and f'File "{REPO / "utils"}' not in errors
+    assert torch.load(last, weights_only=True)["epoch"] < 2
+    resumed = subprocess.run(
+        [*torchrun, "train.py", "--resume", str(last)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert torch.load(last, weights_only=True)["epoch"] == 2
+
+
+def children(pid):
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def environment(pid):
+    return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")

@@ -57,8 +57,47 @@ def setup_distributed(device_arg):
     else:
         device, backend = torch.device("cpu"), "gloo"
     dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if backend == "nccl" else None)
+    stop_in_one_sentence_when_a_rank_is_lost(rank)
     flags_group = dist.new_group(backend="gloo", timeout=TIMEOUT) if backend == "nccl" else dist.group.WORLD
     return device, rank, local_rank, world_size, flags_group
+
+
+# what gloo and nccl say when another rank of the run died (its sockets closed) or stopped answering
+PEER_LOST_MESSAGES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out", "timed out")
+_run_dir = []  # the run folder, once make_run_dir has it: the sentence names its last.pt
+
+
+def peer_lost(error):
+    """Whether `error` (or one in its chain) is a collective that failed because another rank is gone."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, dist.DistError) or (
+            isinstance(error, RuntimeError) and any(m in str(error) for m in PEER_LOST_MESSAGES)
+        ):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def stop_in_one_sentence_when_a_rank_is_lost(rank):
+    """A rank killed mid-epoch (OOM killer, a lost node): the others fail in their next collective. Each says so
+    in one sentence with the command that continues from the last save, not a traceback per rank (rank 0's crash
+    handler, installed after this, still writes crash/ first). Other errors keep their traceback."""
+    previous = sys.excepthook
+
+    def handler(kind, value, tb):
+        if not peer_lost(value):
+            return previous(kind, value, tb)
+        reason = next((m for m in PEER_LOST_MESSAGES if m in str(value)), kind.__name__)  # not gloo's paragraph
+        last = Path(_run_dir[0]) / "weights" / "last.pt" if _run_dir else Path("RUN/weights/last.pt")
+        print(
+            f"stopping: rank {rank} lost another process of this run ({reason}); every rank stops. Continue from "
+            f"the last save with: torchrun ... train.py --resume {last}",
+            file=sys.stderr,
+        )
+
+    sys.excepthook = handler
 
 
 def slurm_rendezvous(env, run=subprocess.run):
@@ -251,6 +290,7 @@ def make_run_dir(out, is_main, world_size):
         shared = [str(run_dir) if is_main else None]
         dist.broadcast_object_list(shared, src=0)
         run_dir = Path(shared[0])
+    _run_dir[:] = [str(run_dir)]
     return run_dir
 
 
