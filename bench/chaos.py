@@ -4,6 +4,8 @@ of results.csv but their wall-clock seconds), and no file of the run folder is e
 
     nice -n 10 python bench/chaos.py --kills 20            # 20 SIGKILLs at moments drawn uniformly over the run
     python bench/chaos.py --kills 3 --seed 1 --epochs 2     # a quick look
+    nice -n 10 python bench/chaos.py --what export --kills 5  # export.py killed (best.onnx), then run again
+    nice -n 10 python bench/chaos.py --what cache --kills 5   # the first-use label cache build killed, then again
 
 A small run (the shapes set at 96 px, 64 px training, 24 images, --workers 2, --save-every 1) is first trained
 straight through; then each trial starts the same run, SIGKILLs its process group at a moment drawn uniformly over
@@ -177,26 +179,143 @@ def trial(args, run_dir, straight_dir, moment, log):
     )  # fmt: skip
 
 
+EXPORT_ARGS = ["--onnx", "--imgsz", "64", "--runs", "1", "--workers", "0"]
+BUILD_CACHE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from utils.data.labels import load_verified
+print("imported", flush=True)  # the moments count from here: the build, not the interpreter's start
+print(len(load_verified([sys.argv[2]], nc=6, split_name="train")))
+"""
+
+
+def timed(cmd, log):
+    began = time.time()
+    code = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+    return code, time.time() - began
+
+
+def killed_at(cmd, seconds, log):
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        proc.wait(seconds)
+        return False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return True
+
+
+def export_trials(root, straight, kills, draw):
+    """export.py --onnx SIGKILLed at moments uniform over its wall time: afterwards no best.onnx, or one that ONNX
+    Runtime loads; the export run again succeeds and leaves no temporary file."""
+    import onnxruntime
+
+    def export(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "best.pt").write_bytes((straight / "weights" / "best.pt").read_bytes())
+        return [sys.executable, "export.py", "--weights", str(folder / "best.pt"), "--data", str(root / "chaos.yaml")]
+
+    with open(root / "export.log", "w+b") as log:
+        code, wall = timed([*export(root / "export_straight"), *EXPORT_ARGS], log)
+    assert code == 0, f"export.py failed: {root / 'export.log'}"
+    results = []
+    for k in range(kills):
+        folder, moment = root / f"export{k}", round(draw.uniform(0, wall), 2)
+        with open(root / f"export{k}.log", "w+b") as log:
+            killed = killed_at([*export(folder), *EXPORT_ARGS], moment, log)
+            onnx = folder / "best.onnx"
+            bad = []
+            if onnx.exists():
+                try:
+                    onnxruntime.InferenceSession(str(onnx))
+                except Exception as e:  # the finding: a half-written file under the real name
+                    bad.append(f"best.onnx: {str(e)[:120]}")
+            code = subprocess.run([*export(folder), *EXPORT_ARGS], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+            log.seek(0)
+            tracebacks = log.read().decode(errors="replace").count("Traceback")
+        left = [p.name for p in folder.iterdir() if p.name.startswith(".")]
+        intact = not bad and code.returncode == 0 and not left and not tracebacks
+        results.append(dict(moment=moment, killed=killed, unreadable=bad, temporary_left=left, differences=[],
+                            tracebacks=tracebacks, intact=intact))  # fmt: skip
+        print(json.dumps({"export trial": k, **results[-1]}), flush=True)
+    return results
+
+
+def build_killed_at(build, seconds):
+    """The cache build, SIGKILLed `seconds` after its imports (or timed to its end when seconds is None)."""
+    proc = subprocess.Popen(build, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc.stdout.readline()
+    began = time.time()
+    try:
+        proc.wait(seconds)
+        return time.time() - began if seconds is None else False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return True
+
+
+def cache_trials(root, kills, draw):
+    """The first-use label cache build (1000 images) SIGKILLed at moments uniform over the build: the next build
+    verifies again without a traceback, gives every image, and leaves one whole cache, no temporary file."""
+    shapes = make_shapes(root / "cache_shapes", n_train=1000, n_val=1, seed=4, size=64)
+    labels, images = shapes / "labels", str(shapes / "images" / "train")
+    build = [sys.executable, "-c", BUILD_CACHE, str(REPO), images]
+
+    def clear():
+        for path in labels.iterdir():
+            if path.is_file():
+                path.unlink()
+
+    clear()
+    wall = build_killed_at(build, None)
+    print(f"label cache build: {wall:.1f} s after the imports; killing {kills} builds at moments uniform in it")
+    results = []
+    for k in range(kills):
+        clear()
+        moment = round(draw.uniform(0, wall), 2)
+        killed = build_killed_at(build, moment)
+        again = subprocess.run(build, cwd=REPO, capture_output=True, text=True)
+        caches = [p.name for p in labels.glob("*.cache.npz")]
+        left = [p.name for p in labels.iterdir() if p.name.startswith(".")]
+        tracebacks = again.stderr.count("Traceback")
+        intact = again.stdout.split()[-1:] == ["1000"] and len(caches) == 1 and not left and not tracebacks
+        results.append(dict(moment=moment, killed=killed, unreadable=[], temporary_left=left, differences=[],
+                            tracebacks=tracebacks, intact=intact))  # fmt: skip
+        print(json.dumps({"cache trial": k, **results[-1]}), flush=True)
+    return results
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=20, help="trials, one SIGKILL each")
     parser.add_argument("--seed", type=int, default=0, help="draws the moments")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--dir", default="", help="work folder (default: a temporary one, removed)")
+    parser.add_argument("--what", default="train", choices=["train", "export", "cache"], help="what is killed")
     opt = parser.parse_args()
     with tempfile.TemporaryDirectory() as temporary:
         root = Path(opt.dir or temporary)
         root.mkdir(parents=True, exist_ok=True)
         args = train_args(make_data(root), opt.epochs)
         straight = root / "straight"
+        if opt.what == "cache":
+            results = cache_trials(root, opt.kills, random.Random(opt.seed))
+            print(summary(results))
+            sys.exit(0 if all(r["intact"] for r in results) else 1)
         began = time.time()
         with open(root / "straight.log", "w+b") as log:
             if finish([*args, "--out", straight], log) != 0:
                 log.seek(0)
                 sys.exit("the straight run failed:\n" + log.read().decode()[-3000:])
         wall = time.time() - began
-        print(f"straight run: {wall:.0f} s; killing {opt.kills} runs at moments uniform in [0, {wall:.0f}) s")
         draw = random.Random(opt.seed)
+        if opt.what == "export":
+            results = export_trials(root, straight, opt.kills, draw)
+            print(summary(results))
+            sys.exit(0 if all(r["intact"] for r in results) else 1)
+        print(f"straight run: {wall:.0f} s; killing {opt.kills} runs at moments uniform in [0, {wall:.0f}) s")
         results = []
         for k in range(opt.kills):
             moment = round(draw.uniform(0, wall), 2)

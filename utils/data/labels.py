@@ -36,6 +36,7 @@ from utils.data.records import Records, as_records
 from utils.data.voc import VocSplit
 from utils.disk import why_not_written
 from utils.general import atomic_write, write_text_atomic  # tests replace the writers (read-only)
+from utils.locks import remove_stale_temporary_files
 from utils.settings import default_workers
 
 CACHE_VERSION = 4  # bump when the record or the checks change: old caches are then rebuilt
@@ -345,6 +346,7 @@ def _write_cache(locations, records, meta, split_name):
         try:
             if cache_path.parent == cache_dir():  # ours may not exist yet; the user's folders are never created
                 cache_path.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporary_files(cache_path.parent)  # of a build killed while it wrote its cache
             write_text_atomic(log_path, "".join(p + "\n" for p in meta["problems"]))
             atomic_write(cache_path, lambda f: records.save(f, meta))
             if i:
