@@ -56,7 +56,7 @@ from utils.distributed import (
 from utils.ema import ModelEMA, unwrap
 from utils.evaluate import FITNESS, epoch_metrics, evaluate, format_table
 from utils.faults import StopRequest, abort_run, install_crash_handler, realign_ddp, too_large_batch
-from utils.general import seed_everything, setup_logging
+from utils.general import seed_everything, setup_logging, write_run_file
 from utils.hyperparameters import HYP  # the learning-rate, loss and augmentation defaults: one table, each a flag
 from utils.loss import DetectionLoss, resolve_class_weights
 from utils.optim import accumulation_windows, build_optimizer, load_optimizer_state, optimizer_step, set_learning_rate
@@ -199,7 +199,7 @@ except ValueError as e:
     sys.exit(str(e))
 if is_main:  # every setting as this run resolved it, and where it came from when not --help's default
     log.info(settings.sources_line(parser, args, sources))
-    (run_dir / "args.yaml").write_text(settings.args_yaml(parser, args, sources))
+    write_run_file(run_dir / "args.yaml", settings.args_yaml(parser, args, sources))
 
 # -----------------------------------------------------------------------------------------------
 # Model, EMA, optimizer, loss
@@ -259,7 +259,7 @@ def training_state(epoch, iteration):
         "model": unwrap(model).state_dict(), "ema": ema.ema.state_dict(), "ema_updates": ema.updates,
         "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
         "epoch": epoch, "iteration": iteration, "best_fitness": best_fitness, "best_epoch": best_epoch,
-        "rng": rng_states(), "args": vars(args), "world_size": world_size,
+        "rng": rng_states(), "args": vars(args), "world_size": world_size, "epoch_sums": [sums.cpu(), batches_done],
     }  # fmt: skip
 
 
@@ -365,10 +365,10 @@ for epoch in range(start_epoch, args.epochs):
     loss_fn.epoch = epoch  # ProgLoss (end-to-end heads): a pure function of the epoch, nothing to save for resume
     epoch_start = time.time()
     first = start_iteration if epoch == start_epoch else 0
-    sums = torch.zeros(len(loss_fn.names), device=device)  # one per loss part; read once per optimizer step
+    sums, batches_done = monitor.epoch_loss_sums(resume_ckpt if first else None, len(loss_fn.names), device)
     window_sums = torch.zeros_like(sums)
     faults.update(dict.fromkeys(FAULTS, 0))
-    batches_done, window_batches, window_dropped = 0, 0, False
+    window_batches, window_dropped = 0, False  # sums: one per loss part, read once per optimizer step
     assignments_on_cpu_before = loss_fn.assignments_on_cpu
     lr = optimizer.param_groups[-1]["lr"]  # (a run resumed at the very end of an epoch trains no step in it)
     windows = accumulation_windows(epoch, nb, accumulate, warmup_iterations, args.accumulate_warmup)
@@ -484,7 +484,7 @@ if is_main:
     ema.ema.load_state_dict(best["model"])
     result = evaluate(ema.ema, val_loader, names, device, data["coco_json"])
     log.info(f"best.pt (epoch {best['epoch']}):\n" + format_table(result, names))
-    (run_dir / "metrics.json").write_text(json.dumps(result["metrics"], indent=2))
+    write_run_file(run_dir / "metrics.json", json.dumps(result["metrics"], indent=2), "best.pt and last.pt are intact")
     best_f1_confidence = plot_evaluation(result, ema.ema, val_loader, names, run_dir, device)
     log.info(f"best F1 at confidence {best_f1_confidence:.3f} (F1_curve.png; detect.py --conf)")
     if mlflow_run:
