@@ -292,13 +292,14 @@ def main():
     parser.add_argument("--kills", type=int, default=20, help="trials, one SIGKILL each")
     parser.add_argument("--seed", type=int, default=0, help="draws the moments")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--images", type=int, default=24, help="training images (4 per iteration)")
     parser.add_argument("--dir", default="", help="work folder (default: a temporary one, removed)")
     parser.add_argument("--what", default="train", choices=["train", "export", "cache"], help="what is killed")
     opt = parser.parse_args()
     with tempfile.TemporaryDirectory() as temporary:
         root = Path(opt.dir or temporary)
         root.mkdir(parents=True, exist_ok=True)
-        args = train_args(make_data(root), opt.epochs)
+        args = train_args(make_data(root, opt.images), opt.epochs)
         straight = root / "straight"
         if opt.what == "cache":
             results = cache_trials(root, opt.kills, random.Random(opt.seed))

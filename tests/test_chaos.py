@@ -77,6 +77,7 @@ def test_killed_while_writing_resumes_bitwise_and_leaves_no_broken_file(straight
     assert outcome_differences(root / "straight", out) == []
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")
 def test_export_killed_while_writing_leaves_no_half_file(straight, tmp_path):
     """SIGKILL while export.py writes best.torchscript (after half of it): no best.torchscript at all, and the
     temporary file is not one val.py or detect.py would pick; the next export writes it whole."""
