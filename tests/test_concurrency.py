@@ -16,7 +16,7 @@ import yaml
 from test_train import REPO, TINY
 
 from utils import locks
-from utils.checkpoints.ours import save_checkpoint
+from utils.checkpoints.ours import FORMAT, load_checkpoint, save_checkpoint
 from utils.data.shapes import make_shapes
 
 
@@ -73,9 +73,9 @@ def test_runs_started_at_once_without_out_each_get_their_own_folder(tmp_path):
 SAVER = """
 import sys, torch
 sys.path.insert(0, sys.argv[1])
-from utils.checkpoints.ours import save_checkpoint
+from utils.checkpoints.ours import FORMAT, save_checkpoint
 for i in range(int(sys.argv[3])):  # sizes that change: a reader of half a file would see a short or mixed one
-    save_checkpoint({"epoch": i, "w": torch.full((250_000 * (1 + i % 4),), float(i))}, sys.argv[2])
+    save_checkpoint({"format": FORMAT, "epoch": i, "w": torch.full((250_000 * (1 + i % 4),), float(i))}, sys.argv[2])
 """
 
 
@@ -83,15 +83,15 @@ def test_a_reader_never_sees_half_of_a_best_pt_being_replaced(tmp_path):
     """val.py / detect.py load best.pt while training writes a new one: each load gets a whole file, old or new
     (save_checkpoint writes a temporary file and renames it over best.pt)."""
     best = tmp_path / "weights" / "best.pt"
-    save_checkpoint({"epoch": -1, "w": torch.zeros(1)}, best)
-    saver = subprocess.Popen([sys.executable, "-c", SAVER, str(REPO), str(best), "40"], stderr=subprocess.PIPE)
+    save_checkpoint({"format": FORMAT, "epoch": -1, "w": torch.zeros(1)}, best)
+    saver = subprocess.Popen([sys.executable, "-c", SAVER, str(REPO), str(best), "20"], stderr=subprocess.PIPE)
     loads, epochs = 0, set()
     while saver.poll() is None:
-        ckpt = torch.load(best, map_location="cpu", weights_only=True)  # raises on a half-written file
+        ckpt = load_checkpoint(best)  # as val.py and detect.py read it: CheckpointError on a half-written file
         assert ckpt["epoch"] == -1 or (ckpt["w"] == ckpt["epoch"]).all() and len(ckpt["w"]) % 250_000 == 0
         loads, epochs = loads + 1, epochs | {ckpt["epoch"]}
     assert saver.returncode == 0, saver.stderr.read()[-2000:]
-    print(f"{loads} loads during 40 saves saw {len(epochs)} different files, each whole")
+    print(f"{loads} loads during 20 saves saw {len(epochs)} different files, each whole")
     assert loads >= 10 and len(epochs) >= 3
 
 
