@@ -56,9 +56,9 @@ def straight(tmp_path_factory):
 @pytest.mark.parametrize(
     "name, nth",
     [
-        ("last.pt", 2),  # epoch 1, iteration 2 of 2: mid-run, its loss sums in last.pt
+        ("last.pt", 2),  # after epoch 1's last iteration: resumed from iteration 1, mid-epoch (its loss sums)
         ("results.png", 1),  # end of epoch 1: results.csv has its row, last.pt is still the mid-epoch one
-        ("last.pt", 4),  # end of epoch 2 (the row, best.pt and results.png of the last epoch written)
+        ("last.pt", 6),  # the run's last save: epoch 2's row, best.pt and results.png are written again on resume
     ],
 )
 def test_killed_while_writing_resumes_bitwise_and_leaves_no_broken_file(straight, tmp_path, name, nth):
