@@ -67,6 +67,7 @@ RUNS = {
     "peer-v8n-defaults": ("peer", []),
     "ours-11n-defaults": ("ours", ["--model", "11n"]),
     "peer-11n-defaults": ("peer", ["--model", "yolo11n.yaml"]),
+    "ours-n-clsw": ("ours", [*RECIPE, "--cls-weights", "auto"]),  # the rare class (platelets) weighted up
     # fine-tuning --weights FILE (its architecture, its tensors; the class convolutions are new: 3 classes here)
     "ours-ft": ("ours", ["--model", "{weights}"]),
     "peer-ft": ("peer", ["--model", "{weights}", "pretrained=True"]),  # False would build the architecture only
