@@ -4,6 +4,7 @@
     python val.py --weights runs/train/exp/weights/best.pt --data data/shapes.yaml
     python val.py --weights best.pt --data coco.yaml --save-json   # + COCO-format detections
     python val.py --weights runs/train/exp/weights/best_int8_openvino_model   # what you ship: any export.py format
+    python val.py --weights best.pt --data aerial.yaml --tile 640   # large images, sliced as detect.py --tile does
 
 --weights: a .pt (ours or Ultralytics'), or an .onnx, .torchscript, .tflite or OpenVINO folder from export.py, which
 carries its class names, image size and dataset yaml. A file exported without --dynamic takes only its own
@@ -26,8 +27,9 @@ from utils.data.labels import MAX_PIXELS, load_verified, single_class
 from utils.data.loader import ValDataset, fix_cv2_and_file_limits, make_loader
 from utils.distributed import select_device
 from utils.evaluate import evaluate, format_table
-from utils.general import next_run_dir, setup_logging
+from utils.general import next_run_dir, setup_logging, write_run_file
 from utils.plots import plot_evaluation
+from utils.tiles import DEFAULT_OVERLAP, WholeImages, tiled_model, tiling_error
 
 parser = argparse.ArgumentParser(
     description="Evaluate a checkpoint (COCO mAP with pycocotools)",
@@ -57,6 +59,8 @@ parser.add_argument(
 parser.add_argument(
     "--max-pixels", type=int, default=MAX_PIXELS, help="exclude images with more pixels (decompression bombs)"
 )
+parser.add_argument("--tile", type=int, default=0, help="run on overlapping tiles of this many px (utils/tiles.py)")
+parser.add_argument("--overlap", type=float, default=DEFAULT_OVERLAP, help="--tile: the part shared by neighbours")
 parser.add_argument("--save-json", action="store_true", help="write COCO-format detections to predictions.json")
 parser.add_argument("--out", default="", help="output folder (default runs/val/exp, exp2, ...)")
 args = parser.parse_args()
@@ -91,8 +95,14 @@ shape, note = inference_size(model, args.imgsz)
 if note:
     log.info(f"note: {note}")
 imgsz = max(shape)
-# a file of fixed size gets that size for every image, a .pt or a --dynamic export rectangular batches
-dataset = ValDataset(records, imgsz, args.batch, stride=model["stride"], shape=None if model["dynamic"] else shape)
+if args.tile:  # each image whole, at its own size, one at a time: the tiled model slices it
+    if tiling_error(args.tile, args.overlap, shape):
+        sys.exit(f"error: {tiling_error(args.tile, args.overlap, shape)}")
+    model = tiled_model(model, shape, args.tile, args.overlap, args.conf, args.iou, None, args.max_det, True)
+    dataset, args.batch = WholeImages(records), 1
+    log.info(f"tiles of {args.tile} px overlapping by {args.overlap:.0%}, and the whole image for large objects")
+else:  # a file of fixed size gets that size for every image, a .pt or a --dynamic export rectangular batches
+    dataset = ValDataset(records, imgsz, args.batch, stride=model["stride"], shape=None if model["dynamic"] else shape)
 loader = make_loader(dataset, batch_size=args.batch, workers=args.workers, pin_memory=device.type == "cuda")
 log.info(f"{weights} ({model['backend']}): {len(records)} {args.split} images at {imgsz} px on {model['device']}")
 
@@ -104,9 +114,8 @@ log.info(
     f"speed per image: {speed['preprocess']:.1f} ms preprocess, {speed['inference']:.1f} ms inference, "
     f"{speed['nms']:.1f} ms NMS at {imgsz} px"
 )
-(out / "metrics.json").write_text(
-    json.dumps({**result["metrics"], "per_class": result["per_class"], "weights": str(weights)}, indent=2)
-)
+metrics = {**result["metrics"], "per_class": result["per_class"], "weights": str(weights)}
+write_run_file(out / "metrics.json", json.dumps(metrics, indent=2))  # aside, renamed; a full disk: one sentence
 if args.save_json:
     (out / "predictions.json").write_text(json.dumps(result["detections"]))
     if coco_json is None:  # the ground truth the mAP was computed against, for re-checking
