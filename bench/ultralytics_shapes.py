@@ -307,6 +307,77 @@ def export_onnx(args, out, best):
     return str(path)
 
 
+def image_limits(args):
+    """(train, val) image counts to mirror: --subset, or for --benchmark-iters just enough train images for 2 + N
+    iterations in one epoch, so the label scan stays short (the val set is built by the trainer but never used)."""
+    if not args.benchmark_iters:
+        return args.subset, args.subset
+    train_limit = (args.benchmark_iters + 2) * args.batch
+    if args.subset and args.subset < train_limit:
+        sys.exit(
+            f"error: --benchmark-iters {args.benchmark_iters} at batch {args.batch} "
+            f"needs {train_limit} images, --subset is {args.subset}"
+        )
+    return train_limit, args.batch
+
+
+def run_benchmark(model, args, data_yaml, out, summary):
+    """Train images/s over --benchmark-iters iterations after 2 warm-up ones, into summary."""
+    # Ultralytics turns mosaic off for the last close_mosaic (10) epochs, so with a short epoch count the timed
+    # iterations would run without mosaic; ask for more epochs than that (the run stops early anyway).
+    epochs = max(args.epochs, 11)
+    timer = add_benchmark_timer(model, args.benchmark_iters)
+    try:
+        model.train(**train_kwargs(args, data_yaml, out, epochs))
+        sys.exit("error: training ended before the benchmark iterations were done")
+    except BenchmarkDone:
+        for loader in (model.trainer.train_loader, model.trainer.test_loader):
+            loader.close()  # the loop was left by an exception: stop the workers ourselves
+    seconds = timer["seconds"]
+    rate = args.benchmark_iters * args.batch / seconds
+    summary.update(
+        images_per_second=round(rate, 3),
+        benchmark_iters=args.benchmark_iters,
+        ms_per_iteration=round(seconds / args.benchmark_iters * 1000, 1),
+        epochs=None,
+    )
+    print(
+        f"benchmark: {rate:.2f} images/s ({seconds / args.benchmark_iters * 1000:.0f} ms/iteration, "
+        f"batch {args.batch}, {args.imgsz} px, {args.device}, {args.threads} threads, {args.workers} workers)"
+    )
+
+
+def run_training(model, args, data_yaml, out, summary):
+    """Train --epochs, put best.pt's val metrics and the times into summary, save its predictions; best.pt or None."""
+    epoch_timer = add_epoch_timer(model)
+    start = time.perf_counter()
+    model.train(**train_kwargs(args, data_yaml, out, args.epochs))
+    train_seconds = time.perf_counter() - start
+    trainer = model.trainer
+    best = trainer.best if trainer.best.exists() else None
+    # model.metrics is the validator's result from the trainer's final_eval(), i.e. best.pt on the val split.
+    box = model.metrics.box
+    rate = epoch_timer["images"] / epoch_timer["seconds"] if epoch_timer["images"] else None
+    summary.update(
+        {"mAP50-95": round(float(box.map), 5), "mAP50": round(float(box.map50), 5)},
+        precision=round(float(box.mp), 5),
+        recall=round(float(box.mr), 5),
+        train_seconds=round(train_seconds, 1),
+        epochs=trainer.epoch + 1,
+        images_per_second=round(rate, 3) if rate else None,
+        run_dir=str(trainer.save_dir),
+        best=str(best) if best else None,
+    )
+    print(
+        f"train: {summary['epochs']} epochs in {train_seconds:.1f} s, {summary['images_per_second']} train "
+        f"images/s (iterations after the first 2, without val)"
+    )
+    print(f"best.pt on val: mAP50-95 {box.map:.4f} mAP50 {box.map50:.4f} P {box.mp:.4f} R {box.mr:.4f}")
+    if best is not None:
+        summary.update(save_predictions(best, data_yaml, args, out))
+    return best
+
+
 def main():
     args = parse_args()
     out = Path(args.out).resolve()
@@ -338,78 +409,16 @@ def main():
     }
     best = None
     if (args.benchmark_iters or args.epochs > 0) and not args.validate:
-        if args.benchmark_iters:
-            # Just enough train images for 2 + N iterations in one epoch, so the label scan stays short; the val
-            # set is built by the trainer but never used.
-            train_limit = (args.benchmark_iters + 2) * args.batch
-            if args.subset and args.subset < train_limit:
-                sys.exit(
-                    f"error: --benchmark-iters {args.benchmark_iters} at batch {args.batch} "
-                    f"needs {train_limit} images, --subset is {args.subset}"
-                )
-            val_limit = args.batch
-        else:
-            train_limit = val_limit = args.subset
-        data_yaml, n_train, n_val, nc = write_dataset_yaml(args.data, out, train_limit, val_limit)
+        data_yaml, n_train, n_val, nc = write_dataset_yaml(args.data, out, *image_limits(args))
         summary.update(n_train=n_train, n_val=n_val, nc=nc, data_yaml=str(data_yaml))
         print(f"dataset: {data_yaml} ({n_train} train, {n_val} val images, {nc} classes)")
 
         model = YOLO(args.model)
         add_cpu_callbacks(model, args.threads, args.workers)
         if args.benchmark_iters:
-            # Ultralytics turns mosaic off for the last close_mosaic (10) epochs, so with a short epoch count the
-            # timed iterations would run without mosaic; ask for more epochs than that (the run stops early anyway).
-            epochs = max(args.epochs, 11)
-            timer = add_benchmark_timer(model, args.benchmark_iters)
-            try:
-                model.train(**train_kwargs(args, data_yaml, out, epochs))
-                sys.exit("error: training ended before the benchmark iterations were done")
-            except BenchmarkDone:
-                for loader in (model.trainer.train_loader, model.trainer.test_loader):
-                    loader.close()  # the loop was left by an exception: stop the workers ourselves
-            seconds = timer["seconds"]
-            rate = args.benchmark_iters * args.batch / seconds
-            summary.update(
-                images_per_second=round(rate, 3),
-                benchmark_iters=args.benchmark_iters,
-                ms_per_iteration=round(seconds / args.benchmark_iters * 1000, 1),
-                epochs=None,
-            )
-            print(
-                f"benchmark: {rate:.2f} images/s ({seconds / args.benchmark_iters * 1000:.0f} ms/iteration, "
-                f"batch {args.batch}, {args.imgsz} px, cpu, {args.threads} threads, {args.workers} workers)"
-            )
+            run_benchmark(model, args, data_yaml, out, summary)
         else:
-            epoch_timer = add_epoch_timer(model)
-            start = time.perf_counter()
-            model.train(**train_kwargs(args, data_yaml, out, args.epochs))
-            train_seconds = time.perf_counter() - start
-            trainer = model.trainer
-            best = trainer.best if trainer.best.exists() else None
-            # model.metrics is the validator's result from the trainer's final_eval(), i.e. best.pt on the val split.
-            box = model.metrics.box
-            summary.update(
-                {
-                    "mAP50-95": round(float(box.map), 5),
-                    "mAP50": round(float(box.map50), 5),
-                    "precision": round(float(box.mp), 5),
-                    "recall": round(float(box.mr), 5),
-                },
-                train_seconds=round(train_seconds, 1),
-                epochs=trainer.epoch + 1,
-                images_per_second=round(epoch_timer["images"] / epoch_timer["seconds"], 3)
-                if epoch_timer["images"]
-                else None,
-                run_dir=str(trainer.save_dir),
-                best=str(best) if best else None,
-            )
-            print(
-                f"train: {summary['epochs']} epochs in {train_seconds:.1f} s, {summary['images_per_second']} train "
-                f"images/s (iterations after the first 2, without val)"
-            )
-            print(f"best.pt on val: mAP50-95 {box.map:.4f} mAP50 {box.map50:.4f} P {box.mp:.4f} R {box.mr:.4f}")
-            if best is not None:
-                summary.update(save_predictions(best, data_yaml, args, out))
+            best = run_training(model, args, data_yaml, out, summary)
     elif args.validate:
         data_yaml, summary["n_train"], summary["n_val"], summary["nc"] = write_dataset_yaml(args.data, out, 0, 0)
         summary.update(save_predictions(Path(args.validate), data_yaml, args, out), model=args.validate)
