@@ -136,31 +136,33 @@ def worker_memory(records, imgsz, batch, workers):
     return start, first, second, seconds
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train", type=int, default=20_000)
     parser.add_argument("--val", type=int, default=5_000)
     parser.add_argument("--root", default="runs/bench_scale")
     parser.add_argument("--imgsz", type=int, default=160, help="loader and validation size (small: the set is)")
     parser.add_argument("--workers", type=int, default=2)
-    args = parser.parse_args()
-    root = Path(args.root)
-    cores = len(os.sched_getaffinity(0))
+    return parser.parse_args()
 
-    t = time.perf_counter()
-    train, val = generate(root, "train", args.train, 0), generate(root, "val", args.val, 1)
-    print(f"set: {args.train} train + {args.val} val images in {root} ({time.perf_counter() - t:.0f} s to generate)")
 
+def measure_verification(train, root, n_train, cores):
+    """First use, on a cold cache (all cores): (images/s, the records)."""
     for cache in root.glob("labels/*.cache.npz"):
         cache.unlink()
     t = time.perf_counter()
     records = L.load_verified([train], 80, "train")
     verify = time.perf_counter() - t
-    rate = args.train / verify
+    rate = n_train / verify
     print(
         f"verification, cold: {rate:.0f} images/s on {cores} cores = {rate / cores:.0f} images/s per core; "
         f"{len(records.labels)} boxes"
     )
+    return rate, records
+
+
+def measure_cache(train, root):
+    """Seconds of a warm load_verified (file stats included) and of the .npz read alone: (warm, read)."""
     cache = next(root.glob("labels/train.*.cache.npz"))
     t = time.perf_counter()
     L.load_verified([train], 80, "train")
@@ -172,7 +174,11 @@ def main():
         f"cache: {cache.stat().st_size / 1e6:.1f} MB; warm load_verified {warm:.2f} s (stats of every file "
         f"included), the .npz alone {read:.3f} s"
     )
+    return warm, read
 
+
+def measure_worker_memory(records, args):
+    """Memory of the loader workers with the records as flat arrays and as the list of dicts held before."""
     as_dicts = lambda: [dict(r, labels=r["labels"].tolist()) for r in records]  # noqa: E731  (the old form)
     for name, held in (("arrays", lambda: records), ("list of dicts", as_dicts)):
         held = held()
@@ -187,6 +193,10 @@ def main():
             f"{mb(second, 0)} MB, private {mb(start, 1)} / {mb(first, 1)} / {mb(second, 1)} MB"
         )
 
+
+def measure_validation(val, args):
+    """Inference on the val images, then fast_map and pycocotools over detections such as a trained model gives:
+    (fast_map seconds, pycocotools seconds)."""
     val_records = L.load_verified([val], 80, "val")
     dataset = D.ValDataset(val_records, args.imgsz, 32)
     loader = D.make_loader(dataset, batch_size=32, workers=args.workers)
@@ -210,6 +220,22 @@ def main():
         f"{n_det / args.val:.0f} detections per image: fast_map {fast_s:.2f} s, pycocotools {coco_s:.1f} s "
         f"(mAP50-95 {fast['mAP50-95']:.4f} / {official:.4f})"
     )
+    return fast_s, coco_s
+
+
+def main():
+    args = parse_args()
+    root = Path(args.root)
+    cores = len(os.sched_getaffinity(0))
+
+    t = time.perf_counter()
+    train, val = generate(root, "train", args.train, 0), generate(root, "val", args.val, 1)
+    print(f"set: {args.train} train + {args.val} val images in {root} ({time.perf_counter() - t:.0f} s to generate)")
+
+    rate, records = measure_verification(train, root, args.train, cores)
+    warm, read = measure_cache(train, root)
+    measure_worker_memory(records, args)
+    fast_s, coco_s = measure_validation(val, args)
     print(
         f"extrapolated to COCO on 8 cores: verification {COCO_TRAIN / (rate / cores * 8):.0f} s; "
         f"cache load {read * COCO_TRAIN / args.train:.2f} s (.npz) / {warm * COCO_TRAIN / args.train:.1f} s "
