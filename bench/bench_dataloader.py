@@ -234,7 +234,7 @@ def time_train_step(images, targets, nc, steps):
     return len(x) * steps / (time.perf_counter() - start)
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--data",
@@ -285,29 +285,25 @@ def main():
     args = parser.parse_args()
     if args.peer_python is not None:  # given, even empty ("$PEER_PYTHON" unset): a path that exists, or a sentence
         args.peer_python = find_peer_python(args.peer_python)
+    return args
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the verification totals
-    fix_cv2_and_file_limits()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+
+def train_sources(args, tmp):
+    """(train image folders, number of classes): a shapes set generated in tmp (--tmp-shapes) or in --shapes-dir
+    (--per-worker without --data), else --data's train split."""
     if args.tmp_shapes:
-        tmp = tempfile.TemporaryDirectory()
         root = make_shapes(Path(tmp.name) / "shapes", n_train=args.tmp_shapes, n_val=0)
-        sources, nc = [root / "images" / "train"], 6
-    elif args.per_worker and not args.data:
+        return [root / "images" / "train"], 6
+    if args.per_worker and not args.data:
         root = make_shapes(args.shapes_dir, n_train=args.shapes_n, n_val=0, size=args.shapes_size)
-        sources, nc = [Path(root).resolve() / "images" / "train"], 6
-    else:
-        data = load_dataset_yaml(args.data or REPO / "data" / "shapes.yaml")
-        sources, nc = data["train"], data["nc"]
-    records = load_verified(sources, nc, "train")
-    if args.per_worker:
-        args.nc = nc
-        if args.peer_python and len(sources) != 1:
-            raise SystemExit("error: --peer-python needs a train split that is one folder of images")
-        return per_worker(args, records, sources[0])
-    hyp = dict(HYP)
+        return [Path(root).resolve() / "images" / "train"], 6
+    data = load_dataset_yaml(args.data or REPO / "data" / "shapes.yaml")
+    return data["train"], data["nc"]
 
+
+def loader_against_step(args, records, nc):
+    """The default mode: loader images/s and training-step images/s at each size, then the table of both."""
+    hyp = dict(HYP)
     print(machine())
     print(
         f"{len(records)} train images | loader: {args.workers} workers, batch {args.batch}, mosaic {hyp['mosaic']}"
@@ -330,6 +326,24 @@ def main():
     print(f"{'imgsz':>5} | {'loader img/s':>12} | {'train step img/s':>16} | {'loader/step':>11}")
     for size, loader_rate, step_rate in rows:
         print(f"{size:>5} | {loader_rate:>12.1f} | {step_rate:>16.1f} | {loader_rate / step_rate:>10.1f}x")
+
+
+def main():
+    args = parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the verification totals
+    fix_cv2_and_file_limits()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # held until main returns: a --tmp-shapes set lives in it, and the loader workers read the images from there
+    tmp = tempfile.TemporaryDirectory() if args.tmp_shapes else None
+    sources, nc = train_sources(args, tmp)
+    records = load_verified(sources, nc, "train")
+    if args.per_worker:
+        args.nc = nc
+        if args.peer_python and len(sources) != 1:
+            raise SystemExit("error: --peer-python needs a train split that is one folder of images")
+        return per_worker(args, records, sources[0])
+    loader_against_step(args, records, nc)
 
 
 if __name__ == "__main__":
