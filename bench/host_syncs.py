@@ -124,13 +124,7 @@ def count_host_syncs(cuda_only=False):
         yield counts
 
 
-def main():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from models.yolo import YOLO
-    from utils.ema import ModelEMA
-    from utils.loss import DetectionLoss
-    from utils.optim import build_optimizer, optimizer_step
-
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="n")
     parser.add_argument("--imgsz", type=int, default=640)
@@ -139,17 +133,11 @@ def main():
     parser.add_argument("--amp", choices=["off", "bf16", "fp16"], default="off", help="fp16: with loss scaling")
     parser.add_argument("--steps", type=int, default=2, help="counted, after one warm-up step")
     parser.add_argument("--device", default="cpu")
-    args = parser.parse_args()
-    device = torch.device("cpu" if args.device == "cpu" else f"cuda:{args.device}")
-    on_gpu = device.type == "cuda"
-    amp_dtype = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
+    return parser.parse_args()
 
-    torch.manual_seed(0)
-    model = YOLO(args.model, nc=80).to(device, memory_format=torch.channels_last).train()
-    loss_fn = DetectionLoss(model.head)
-    optimizer = build_optimizer(model, "sgd", 0.01, 0.937, 5e-4)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
-    ema = ModelEMA(model)
+
+def synthetic_batch(args, on_gpu):
+    """(images, targets) of --batch images with about --boxes random boxes each."""
     # a batch as the loader gives it (pinned on a GPU machine): uint8 images, targets on the host
     images = torch.randint(0, 256, (args.batch, 3, args.imgsz, args.imgsz), dtype=torch.uint8)
     per_image = torch.randint(args.boxes // 2, args.boxes * 3 // 2 + 1, (args.batch,))
@@ -160,6 +148,27 @@ def main():
     targets = torch.cat((image_index, classes, xy, xy + wh), 1).float()
     if on_gpu:
         images, targets = images.pin_memory(), targets.pin_memory()
+    return images, targets
+
+
+def make_step(args, device):
+    """train.py's training step on one synthetic batch: (step, pieces, boxes in the batch); step(count=True) adds
+    the host syncs of each piece of the step to pieces[name], step(count=False) only runs it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from models.yolo import YOLO
+    from utils.ema import ModelEMA
+    from utils.loss import DetectionLoss
+    from utils.optim import build_optimizer, optimizer_step
+
+    on_gpu = device.type == "cuda"
+    amp_dtype = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
+    torch.manual_seed(0)
+    model = YOLO(args.model, nc=80).to(device, memory_format=torch.channels_last).train()
+    loss_fn = DetectionLoss(model.head)
+    optimizer = build_optimizer(model, "sgd", 0.01, 0.937, 5e-4)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    ema = ModelEMA(model)
+    images, targets = synthetic_batch(args, on_gpu)
     sums = torch.zeros(3, device=device)
     pieces = {}
 
@@ -187,11 +196,14 @@ def main():
         with piece("progress bar (train.py)"):
             sums.tolist()
 
-    step(count=False)
-    for _ in range(args.steps):
-        step(count=True)
+    return step, pieces, len(targets)
+
+
+def print_counts(args, device, pieces, boxes):
+    """The table: syncs per step of each piece, by op, and the total."""
+    on_gpu = device.type == "cuda"
     where = f"on {device}" if on_gpu else "on the CPU, every tensor counted as if it were on a GPU"
-    print(f"{args.model} model, {args.imgsz} px, batch {args.batch}, {len(targets)} boxes, amp {args.amp}, {where}")
+    print(f"{args.model} model, {args.imgsz} px, batch {args.batch}, {boxes} boxes, amp {args.amp}, {where}")
     print(f"{'piece':<28} {'syncs/step':>10}  by op")
     for name, c in pieces.items():
         ops = ", ".join(f"{op} {n / args.steps:g}" for op, n in sorted(c.items())) or "-"
@@ -202,6 +214,16 @@ def main():
             "(the loss's scalar read is the largest box count of the targets, which train.py keeps on the host: "
             "no sync on a GPU)"
         )
+
+
+def main():
+    args = parse_args()
+    device = torch.device("cpu" if args.device == "cpu" else f"cuda:{args.device}")
+    step, pieces, boxes = make_step(args, device)
+    step(count=False)
+    for _ in range(args.steps):
+        step(count=True)
+    print_counts(args, device, pieces, boxes)
 
 
 @contextlib.contextmanager
