@@ -69,7 +69,7 @@ def box_iou(a, b):
     return inter / (area(a)[:, None] + area(b)[None] - inter)
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--weights", nargs="+", default=[], help="Ultralytics .pt files (weights/best.pt)")
     parser.add_argument("--data", default="data/shapes.yaml")
@@ -78,7 +78,139 @@ def main():
     parser.add_argument("--repo-python", default=str(REPO / ".venv" / "bin" / "python"))
     parser.add_argument("--out", default="runs/equality")
     parser.add_argument("--ours-raw", nargs=3, metavar=("WEIGHTS", "INPUTS", "OUT"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def compare_raw(weights, work, imgsz, py, row):
+    """Raw outputs into row: the same random batch through both, fp32, eval mode, not fused. Returns whether the
+    checkpoint is a YOLO26 one (end-to-end, one-to-one head)."""
+    import torch
+    from ultralytics import YOLO
+    from ultralytics.utils.ops import xywh2xyxy
+
+    x = torch.rand(2, 3, imgsz, imgsz, generator=torch.Generator().manual_seed(0))
+    torch.save(x, work / "inputs.pt")
+    theirs_model = YOLO(weights).model.float().eval()
+    end2end = getattr(theirs_model.model[-1], "one2one_cv2", None) is not None  # YOLO26
+    theirs_model.end2end = end2end  # its one-to-one head's final detections, as ours gives them
+    with torch.no_grad():
+        decoded, raw = theirs_model(x)  # eval: (decoded, {"boxes", "scores"} before decoding)
+    branches = [raw["one2many"], raw["one2one"]] if end2end else [raw]
+    theirs_raw = torch.cat([torch.cat((b["boxes"], b["scores"]), 1) for b in branches], 1)
+    if not end2end:  # per anchor, xywh -> xyxy; YOLO26's detections are already x1 y1 x2 y2 score class
+        decoded = decoded.transpose(1, 2)
+        decoded = torch.cat((xywh2xyxy(decoded[..., :4]), decoded[..., 4:]), 2)
+    run([py, __file__, "--ours-raw", weights, work / "inputs.pt", work / "ours_raw.pt"])
+    ours = torch.load(work / "ours_raw.pt", weights_only=True)
+    row["raw_shape"] = list(theirs_raw.shape)
+    for layout in ("channels_last", "contiguous"):
+        out_ours = ours[f"decoded_{layout}"]
+        row[f"raw_max_diff_{layout}"] = float((ours[f"raw_{layout}"] - theirs_raw).abs().max())
+        row[f"decoded_max_diff_boxes_px_{layout}"] = float((out_ours[..., :4] - decoded[..., :4]).abs().max())
+        row[f"decoded_max_diff_scores_{layout}"] = float((out_ours[..., 4:] - decoded[..., 4:]).abs().max())
+        if end2end:  # ranked detections: near-equal scores may swap rows, so the scores by rank, and the rows
+            # that hold the same box and class at the same rank
+            row[f"detections_max_diff_scores_by_rank_{layout}"] = float((out_ours - decoded)[..., 4].abs().max())
+            same = ((out_ours - decoded)[..., :4].abs().amax(-1) < 1e-2) & (out_ours[..., 5] == decoded[..., 5])
+            row[f"detections_same_rows_{layout}"] = f"{int(same.sum())}/{same.numel()}"
+    return end2end
+
+
+def match_detections(val_images, ours_det, results):
+    """Our detect.py boxes (COCO json) matched one to one with Ultralytics' results per image (IoU > 0.99, same
+    class): the detect_* entries of the row."""
+    import torch
+
+    n_ours = n_theirs = matched = 0
+    unmatched = []  # (score, best IoU with a box of the same class from Ultralytics) of our unmatched boxes
+    worst = 0.0
+    for path, result in zip(val_images, results):
+        mine = [d for d in ours_det if Path(str(d.get("file_name", d["image_id"]))).stem == path.stem]
+        a = torch.tensor(
+            [[*d["bbox"][:2], d["bbox"][0] + d["bbox"][2], d["bbox"][1] + d["bbox"][3]] for d in mine]
+        ).reshape(-1, 4)
+        ca = torch.tensor([d["category_id"] for d in mine]).reshape(-1)
+        b, cb = result.boxes.xyxy.float(), result.boxes.cls.long()
+        n_ours, n_theirs = n_ours + len(a), n_theirs + len(b)
+        if len(a) and len(b):
+            iou = box_iou(a, b) * (ca[:, None] == cb[None])
+            best, index = iou.max(1)
+            ok = best > 0.99
+            matched += int(ok.sum())
+            unmatched += [(round(mine[i]["score"], 4), round(float(best[i]), 4)) for i in (~ok).nonzero()[:, 0]]
+            if ok.any():
+                worst = max(worst, float((a[ok] - b[index[ok]]).abs().max()))
+    return dict(
+        detect_images=len(val_images),
+        detect_boxes_ours=n_ours,
+        detect_boxes_theirs=n_theirs,
+        detect_matched=matched,
+        detect_max_diff_px=worst,
+    )
+
+
+def compare_detect(weights, work, val_images, args, nms, row):
+    """detect.py against predict() into row: square letterbox on both sides (rect=False), same thresholds."""
+    from ultralytics import YOLO
+
+    listing = work / "images.txt"
+    listing.write_text("".join(f"{p}\n" for p in val_images))
+    run(
+        [args.repo_python, "detect.py", "--weights", weights, "--source", listing, "--imgsz", args.imgsz]
+        + ["--conf", "0.25", "--iou", "0.7", "--device", "cpu", "--save-json", "--out", work / "detect"]
+    )
+    ours_det = json.loads((work / "detect" / "predictions.json").read_text())
+    results = YOLO(weights).predict(
+        [str(p) for p in val_images],
+        imgsz=args.imgsz,
+        conf=0.25,
+        iou=0.7,
+        rect=False,
+        device="cpu",
+        verbose=False,
+        nms=nms,
+    )
+    row.update(match_detections(val_images, ours_det, results))
+
+
+def compare_val(weights, work, data_yaml, args, nms, row):
+    """val.py against the validator into row, both through pycocotools (and the validator's own metric)."""
+    from ultralytics import YOLO
+
+    py = args.repo_python
+    run(
+        [py, "val.py", "--weights", weights, "--data", args.data, "--imgsz", args.imgsz, "--device", "cpu"]
+        + ["--out", work / "val"]
+    )
+    metrics = json.loads((work / "val" / "metrics.json").read_text())
+    row["val_ours_map"], row["val_ours_map50"] = metrics["mAP50-95"], metrics["mAP50"]
+    validator = YOLO(weights).val(
+        data=str(data_yaml),
+        imgsz=args.imgsz,
+        batch=32,
+        conf=0.001,
+        iou=0.7,
+        nms=nms,
+        save_json=True,
+        plots=False,
+        device="cpu",
+        project=str(work),
+        name="peer_val",
+        exist_ok=True,
+        verbose=False,
+    )
+    row["val_theirs_own_metric"] = round(float(validator.box.map), 5)
+    detections = work / "peer_val" / "predictions.json"
+    scored = run(
+        [py, "bench/score_detections.py", "--data", args.data, "--detections", detections, "--category-offset", "1"]
+    )
+    found = re.search(r"mAP50-95 ([\d.]+) mAP50 ([\d.]+)", scored)
+    row["val_theirs_map"], row["val_theirs_map50"] = float(found[1]), float(found[2])
+    row["val_diff"] = round(row["val_ours_map"] - row["val_theirs_map"], 5)
+
+
+def main():
+    args = parse_args()
     if args.ours_raw:
         return ours_raw(*args.ours_raw)
 
@@ -88,8 +220,7 @@ def main():
 
     use_peer_config()  # before ultralytics is imported: it reads YOLO_CONFIG_DIR then
     import torch
-    from ultralytics import YOLO
-    from ultralytics.utils.ops import xywh2xyxy
+    import ultralytics  # noqa: F401  (imported before ultralytics_shapes, whose import sets YOLO_AUTOINSTALL=0)
     from ultralytics_shapes import write_dataset_yaml
 
     torch.set_num_threads(2)
@@ -97,7 +228,6 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     data_yaml, *_ = write_dataset_yaml(REPO / args.data, out, 0, 0)
     val_images = sorted((out / "dataset" / "images" / "val").iterdir())[: args.images]
-    py = args.repo_python
     report = {}
     for weights in args.weights:
         weights = str(Path(weights).resolve())
@@ -105,130 +235,10 @@ def main():
         work = out / tag
         work.mkdir(exist_ok=True)
         row = report[tag] = {"weights": weights}
-
-        # raw outputs: same random batch through both, fp32, eval mode, not fused
-        x = torch.rand(2, 3, args.imgsz, args.imgsz, generator=torch.Generator().manual_seed(0))
-        torch.save(x, work / "inputs.pt")
-        theirs_model = YOLO(weights).model.float().eval()
-        end2end = getattr(theirs_model.model[-1], "one2one_cv2", None) is not None  # YOLO26
-        theirs_model.end2end = end2end  # its one-to-one head's final detections, as ours gives them
-        with torch.no_grad():
-            decoded, raw = theirs_model(x)  # eval: (decoded, {"boxes", "scores"} before decoding)
-        branches = [raw["one2many"], raw["one2one"]] if end2end else [raw]
-        theirs_raw = torch.cat([torch.cat((b["boxes"], b["scores"]), 1) for b in branches], 1)
-        if not end2end:  # per anchor, xywh -> xyxy; YOLO26's detections are already x1 y1 x2 y2 score class
-            decoded = decoded.transpose(1, 2)
-            decoded = torch.cat((xywh2xyxy(decoded[..., :4]), decoded[..., 4:]), 2)
-        run([py, __file__, "--ours-raw", weights, work / "inputs.pt", work / "ours_raw.pt"])
-        ours = torch.load(work / "ours_raw.pt", weights_only=True)
-        row["raw_shape"] = list(theirs_raw.shape)
-        for layout in ("channels_last", "contiguous"):
-            out_ours = ours[f"decoded_{layout}"]
-            row[f"raw_max_diff_{layout}"] = float((ours[f"raw_{layout}"] - theirs_raw).abs().max())
-            row[f"decoded_max_diff_boxes_px_{layout}"] = float((out_ours[..., :4] - decoded[..., :4]).abs().max())
-            row[f"decoded_max_diff_scores_{layout}"] = float((out_ours[..., 4:] - decoded[..., 4:]).abs().max())
-            if end2end:  # ranked detections: near-equal scores may swap rows, so the scores by rank, and the rows
-                # that hold the same box and class at the same rank
-                row[f"detections_max_diff_scores_by_rank_{layout}"] = float((out_ours - decoded)[..., 4].abs().max())
-                same = ((out_ours - decoded)[..., :4].abs().amax(-1) < 1e-2) & (out_ours[..., 5] == decoded[..., 5])
-                row[f"detections_same_rows_{layout}"] = f"{int(same.sum())}/{same.numel()}"
-
-        # detect.py against predict(): square letterbox on both sides (rect=False), same thresholds
-        listing = work / "images.txt"
-        listing.write_text("".join(f"{p}\n" for p in val_images))
-        run(
-            [py, "detect.py", "--weights", weights, "--source", listing, "--imgsz", args.imgsz, "--conf", "0.25"]
-            + ["--iou", "0.7", "--device", "cpu", "--save-json", "--out", work / "detect"]
-        )
-        ours_det = json.loads((work / "detect" / "predictions.json").read_text())
+        end2end = compare_raw(weights, work, args.imgsz, args.repo_python, row)
         nms = False if end2end else None  # YOLO26: its NMS-free head (Ultralytics' default is the other one + NMS)
-        results = YOLO(weights).predict(
-            [str(p) for p in val_images],
-            imgsz=args.imgsz,
-            conf=0.25,
-            iou=0.7,
-            rect=False,
-            device="cpu",
-            verbose=False,
-            nms=nms,
-        )
-        n_ours = n_theirs = matched = 0
-        unmatched = []  # (score, best IoU with a box of the same class from Ultralytics) of our unmatched boxes
-        worst = 0.0
-        for path, result in zip(val_images, results):
-            mine = [d for d in ours_det if Path(str(d.get("file_name", d["image_id"]))).stem == path.stem]
-            a = torch.tensor(
-                [[*d["bbox"][:2], d["bbox"][0] + d["bbox"][2], d["bbox"][1] + d["bbox"][3]] for d in mine]
-            ).reshape(-1, 4)
-            ca = torch.tensor([d["category_id"] for d in mine]).reshape(-1)
-            b, cb = result.boxes.xyxy.float(), result.boxes.cls.long()
-            n_ours, n_theirs = n_ours + len(a), n_theirs + len(b)
-            if len(a) and len(b):
-                iou = box_iou(a, b) * (ca[:, None] == cb[None])
-                best, index = iou.max(1)
-                ok = best > 0.99
-                matched += int(ok.sum())
-                unmatched += [(round(mine[i]["score"], 4), round(float(best[i]), 4)) for i in (~ok).nonzero()[:, 0]]
-                if ok.any():
-                    worst = max(worst, float((a[ok] - b[index[ok]]).abs().max()))
-        row.update(
-            detect_images=len(val_images),
-            detect_boxes_ours=n_ours,
-            detect_boxes_theirs=n_theirs,
-            detect_matched=matched,
-            detect_max_diff_px=worst,
-        )
-
-        # val.py against the validator, both through pycocotools
-        run(
-            [
-                py,
-                "val.py",
-                "--weights",
-                weights,
-                "--data",
-                args.data,
-                "--imgsz",
-                args.imgsz,
-                "--device",
-                "cpu",
-                "--out",
-                work / "val",
-            ]
-        )
-        metrics = json.loads((work / "val" / "metrics.json").read_text())
-        row["val_ours_map"], row["val_ours_map50"] = metrics["mAP50-95"], metrics["mAP50"]
-        validator = YOLO(weights).val(
-            data=str(data_yaml),
-            imgsz=args.imgsz,
-            batch=32,
-            conf=0.001,
-            iou=0.7,
-            nms=nms,
-            save_json=True,
-            plots=False,
-            device="cpu",
-            project=str(work),
-            name="peer_val",
-            exist_ok=True,
-            verbose=False,
-        )
-        row["val_theirs_own_metric"] = round(float(validator.box.map), 5)
-        scored = run(
-            [
-                py,
-                "bench/score_detections.py",
-                "--data",
-                args.data,
-                "--detections",
-                work / "peer_val" / "predictions.json",
-                "--category-offset",
-                "1",
-            ]
-        )
-        found = re.search(r"mAP50-95 ([\d.]+) mAP50 ([\d.]+)", scored)
-        row["val_theirs_map"], row["val_theirs_map50"] = float(found[1]), float(found[2])
-        row["val_diff"] = round(row["val_ours_map"] - row["val_theirs_map"], 5)
+        compare_detect(weights, work, val_images, args, nms, row)
+        compare_val(weights, work, data_yaml, args, nms, row)
         print(json.dumps({tag: row}, indent=1))
 
     (out / "equality.json").write_text(json.dumps(report, indent=2) + "\n")
