@@ -122,7 +122,6 @@ def match_detections(val_images, ours_det, results):
     import torch
 
     n_ours = n_theirs = matched = 0
-    unmatched = []  # (score, best IoU with a box of the same class from Ultralytics) of our unmatched boxes
     worst = 0.0
     for path, result in zip(val_images, results):
         mine = [d for d in ours_det if Path(str(d.get("file_name", d["image_id"]))).stem == path.stem]
@@ -137,7 +136,6 @@ def match_detections(val_images, ours_det, results):
             best, index = iou.max(1)
             ok = best > 0.99
             matched += int(ok.sum())
-            unmatched += [(round(mine[i]["score"], 4), round(float(best[i]), 4)) for i in (~ok).nonzero()[:, 0]]
             if ok.any():
                 worst = max(worst, float((a[ok] - b[index[ok]]).abs().max()))
     return dict(
@@ -220,8 +218,7 @@ def main():
 
     use_peer_config()  # before ultralytics is imported: it reads YOLO_CONFIG_DIR then
     import torch
-    import ultralytics  # noqa: F401  (imported before ultralytics_shapes, whose import sets YOLO_AUTOINSTALL=0)
-    from ultralytics_shapes import write_dataset_yaml
+    from ultralytics_shapes import write_dataset_yaml  # first: its import sets YOLO_AUTOINSTALL=0 for ultralytics
 
     torch.set_num_threads(2)
     out = (REPO / args.out).resolve()
