@@ -29,6 +29,18 @@ class FolderTaken(Exception):
         self.folder, self.pid = folder, pid
 
 
+def _close_inherited():
+    # A forked child (a data-loader worker) shares the parent's lock file; were it to keep its copy open, a run
+    # killed with SIGKILL would stay claimed until its orphaned workers noticed and exited, and the --resume typed
+    # right after would be refused. The parent's copy alone holds the flock: closing the child's does not drop it.
+    for fd in _held.values():
+        os.close(fd)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited)
+
+
 def claim(folder, lock_name=LOCK_NAME):
     """Claim `folder` (made if missing) for this process until it exits or release()s it: FolderTaken when
     another process holds it; OSError when the folder cannot be made or written in (read-only, permission)."""
