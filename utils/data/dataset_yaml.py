@@ -32,10 +32,7 @@ def load_dataset_yaml(path):
     cfg = _read_yaml(path)
     root = _dataset_root(cfg, path)
     voc_root = _voc_root(cfg, root, path)
-    defaults = cfg.get("defaults") or {}
-    if not isinstance(defaults, dict):
-        raise DatasetError(f"{path}: key 'defaults' must be a mapping of train.py settings to values")
-    out = {"root": root, "yaml": path, "coco_json": None, "defaults": defaults}
+    out = {"root": root, "yaml": path, "coco_json": None, "defaults": cfg.get("defaults") or {}}
     for key in SPLITS:
         out[key] = _split_sources(cfg, key, root, path, voc_root)
     names, category_ids = _names_of(cfg, path, [s for key in SPLITS for s in out[key]])
@@ -67,6 +64,7 @@ def _read_yaml(path):
         raise DatasetError(f"{path} is not valid yaml ({str(e).splitlines()[0]})") from None
     if not isinstance(cfg, dict):
         raise DatasetError(f"{path} must be a mapping with keys path, train, val and names")
+    _check_types(cfg, path)
     for key in ("train", "val"):
         if not cfg.get(key) and not cfg.get("voc"):  # a VOC folder has its own ImageSets/Main/train.txt and val.txt
             raise DatasetError(
@@ -75,13 +73,28 @@ def _read_yaml(path):
     return cfg
 
 
+def _check_types(cfg, path):
+    """The keys read as one type, checked before use: a number where a folder is named (`voc: 1`), a string for
+    `nc`, or a setting that is not a name ended in a TypeError traceback or a misleading sentence (found by
+    tests/test_hostile.py)."""
+    for key in ("path", "voc", "coco_json"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], str):
+            raise DatasetError(f"{path}: key '{key}' must name a file or folder (a string), got {cfg[key]!r}")
+    nc = cfg.get("nc")
+    if nc is not None and (isinstance(nc, bool) or not isinstance(nc, int)):
+        raise DatasetError(f"{path}: key 'nc' must be the number of classes (a whole number), got {nc!r}")
+    defaults = cfg.get("defaults") or {}
+    if not isinstance(defaults, dict) or not all(isinstance(k, str) for k in defaults):
+        raise DatasetError(f"{path}: key 'defaults' must be a mapping of train.py settings to values")
+
+
 def _class_names(cfg, path):
     """`names` as a list of strings, from a list, a dict of index to name, or (without names) `nc`."""
     names = cfg.get("names")
-    if isinstance(names, dict):
+    if isinstance(names, dict) and names:  # an empty one is refused below: no class at all made every label corrupt
         try:  # keys may have been quoted ('0': person); what matters is that they are 0..n-1
             names = {int(k): v for k, v in names.items()}
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: int(.inf)
             raise DatasetError(
                 f"{path}: key 'names' as a dict must map class indices 0..{len(names) - 1} to names"
             ) from None
@@ -96,7 +109,7 @@ def _class_names(cfg, path):
         else:
             raise DatasetError(f"{path}: key 'names' must be a non-empty list or a dict of class index to name")
     names = [str(n) for n in names]
-    if "nc" in cfg and cfg["nc"] != len(names):
+    if cfg.get("nc") is not None and cfg["nc"] != len(names):
         raise DatasetError(f"{path}: key 'nc' is {cfg['nc']} but key 'names' lists {len(names)} classes")
     return names
 
@@ -216,7 +229,7 @@ def _names_of(cfg, path, sources):
     if VocSplit in kinds and cfg.get("names") is None:
         names = voc.class_names(sources)
         log.info(f"{path} has no 'names': the classes are the object names of its XML files, sorted: {names}")
-        if "nc" in cfg and cfg["nc"] != len(names):
+        if cfg.get("nc") is not None and cfg["nc"] != len(names):
             raise DatasetError(f"{path}: key 'nc' is {cfg['nc']} but its XML files name {len(names)} classes")
         return names, None
     return _class_names(cfg, path), None

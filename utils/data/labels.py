@@ -174,6 +174,8 @@ def _label_row(line, nc, where):
     if len(values) != 5:
         raise _Corrupt(f"{where}: expected 5 values (class cx cy w h), got {len(values)}")
     cls, cx, cy, bw, bh = values
+    if cls == int(cls) and cls >= nc:  # the usual cause: a names list shorter than the classes the labels use
+        raise _Corrupt(f"{where}: class {parts[0]} is beyond the dataset yaml's key 'names', which lists {nc} classes")
     if cls != int(cls) or not 0 <= cls < nc:
         raise _Corrupt(f"{where}: class {parts[0]} is not an integer in 0..{nc - 1}")
     if bw <= 0 or bh <= 0:
@@ -292,7 +294,9 @@ def load_verified(sources, nc, split_name="", workers=None, max_pixels=MAX_PIXEL
         if cached is not None:
             records, meta = cached
             print_verification_totals(meta["totals"], split_name, log_path, meta["problems"], cached=True)
-            return records
+            # checked from the cache too: the second run on a set with no usable image went on with none
+            # (found by tests/test_hostile.py)
+            return _some_usable(records, image_files, split_name, log_path, meta["problems"])
 
     records, totals, problems = _verify_all(
         items or image_files, nc, split_name, workers or default_workers(), max_pixels
@@ -301,10 +305,17 @@ def load_verified(sources, nc, split_name="", workers=None, max_pixels=MAX_PIXEL
     meta.update(totals=totals, problems=problems)
     written = _write_cache(locations, records, meta, split_name)
     print_verification_totals(totals, split_name, written, problems, cached=False)
+    return _some_usable(records, image_files, split_name, written, problems)
+
+
+def _some_usable(records, image_files, split_name, log_path, problems):
+    """The records, unless there are none: DatasetError with the first reason (the sentence is often all a user
+    reads: a names list shorter than the classes used excludes every image) and where the others are."""
     if not records:
+        first = ": ".join(problems[0].split("\t")[1:]) if problems else "no reason recorded"  # path: reason
         raise DatasetError(
-            f"none of the {len(image_files)} {split_name} images is usable"
-            + (f" (reasons in {written})" if written else f" (e.g. {problems[0]})")
+            f"none of the {len(image_files)} {split_name} images is usable (e.g. {first}"
+            + (f"; every reason is in {log_path})" if log_path else ")")
         )
     return records
 
