@@ -289,6 +289,31 @@ def test_fuzzed_dataset_yamls_load_or_get_one_sentence(tmp_path, monkeypatch):
     assert sum(outcomes.values()) >= 500 and any(k.startswith("loaded") for k in outcomes)
 
 
+def test_fuzzed_yaml_files_that_are_not_text_or_not_yaml_get_one_sentence(tmp_path):
+    outcomes = {}
+
+    @settings(max_examples=200, deadline=None, derandomize=True, database=None)
+    @given(content=st.one_of(st.binary(max_size=64), st.text(max_size=64).map(str.encode)))
+    @example(content=b"train: \xff\xfe images\nval: images\n")  # not UTF-8
+    @example(content=b"[" * 5000 + b"]" * 5000)  # deeper than the parser's recursion
+    @example(content=b"\xef\xbb\xbftrain: [1]\nval: x\n")  # a byte-order mark
+    @example(content=b'!!python/object/apply:os.system ["echo"]')
+    def fuzz(content):
+        path = tmp_path / "dätä config.yaml"
+        path.write_bytes(content)
+        try:
+            load_dataset_yaml(path)
+            outcome = "loaded"
+        except DatasetError as e:
+            assert "\n" not in str(e) and str(path) in str(e), e
+            outcome = re.sub(r" \(.*", "", str(e).replace(str(path), "<yaml>"))
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+    fuzz()
+    print(f"fuzzed yaml files: {sum(outcomes.values())} cases, by outcome: {outcomes}")
+    assert sum(outcomes.values()) >= 200
+
+
 def test_train_with_names_shorter_than_the_classes_used_stops_with_one_sentence(tmp_path):
     folder = tmp_path / FOLDER
     make_dataset(folder)

@@ -58,10 +58,14 @@ def _read_yaml(path):
     """The yaml's mapping, once it names train and val images."""
     if not path.is_file():
         raise DatasetError(f"dataset yaml {path} does not exist")
-    try:
-        cfg = yaml.safe_load(path.read_text())
+    try:  # utf-8 whatever the locale (a Windows one read non-ASCII paths wrongly); -sig: a Notepad byte-order mark
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8-sig"))
     except yaml.YAMLError as e:
         raise DatasetError(f"{path} is not valid yaml ({str(e).splitlines()[0]})") from None
+    except UnicodeDecodeError as e:  # these two were tracebacks (found by tests/test_hostile.py)
+        raise DatasetError(f"{path} is not a UTF-8 text file (byte {e.start} cannot be decoded)") from None
+    except RecursionError:
+        raise DatasetError(f"{path} is not a dataset yaml (nested too deeply to read)") from None
     if not isinstance(cfg, dict):
         raise DatasetError(f"{path} must be a mapping with keys path, train, val and names")
     _check_types(cfg, path)
