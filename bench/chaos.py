@@ -75,14 +75,7 @@ def finish(args, log, timeout=900):
 
 def kill_after(args, seconds, log):
     """Start the run and SIGKILL its whole process group after `seconds`. Returns whether it was still running."""
-    proc = start(args, log)
-    try:
-        proc.wait(seconds)
-        return False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return True
+    return killed_at([sys.executable, str(REPO / "train.py"), *map(str, args)], seconds, log)
 
 
 def unreadable_files(run_dir):
@@ -196,6 +189,7 @@ def timed(cmd, log):
 
 
 def killed_at(cmd, seconds, log):
+    """Start `cmd` in a session of its own and SIGKILL its process group after `seconds`: whether it still ran."""
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         proc.wait(seconds)
