@@ -28,7 +28,7 @@ esac
 "$dir/bin/pip" install -q --upgrade pip
 # The versions that bench/RESULTS.md measured; torch pinned so that a newer one cannot move the timings.
 "$dir/bin/pip" install -q torch==2.14.1 torchvision==0.29.1 ultralytics==8.4.190 \
-    onnx onnxruntime onnxslim pycocotools openvino nncf
+    onnx onnxruntime onnxslim pycocotools openvino nncf lap  # lap: its ByteTrack (bench/track_benchmark.py)
 
 config="$dir/yolo-config"
 mkdir -p "$config/Ultralytics"
