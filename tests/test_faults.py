@@ -45,6 +45,15 @@ def tiny_tmpfs(folder, size="2m"):
             subprocess.run(["umount", str(folder)], check=True)
 
 
+def on_a_real_full_disk(tmp_path, check):
+    """check(disk) on a real 2 MB tmpfs where mounting is allowed (root), its figure printed; else says so."""
+    with tiny_tmpfs(tmp_path / "tmpfs") as disk:
+        if disk is None:
+            print("mount not allowed here (not root): the injected full disk only")
+        else:
+            print("real 2 MB tmpfs:", check(disk))
+
+
 def fill(folder):
     """Fill the disk of `folder` to its last byte."""
     for block in (65536, 1):
@@ -118,11 +127,7 @@ def test_a_full_disk_while_saving_a_checkpoint_keeps_the_previous_one(tmp_path, 
     )
     check_checkpoint_kept(tmp_path / "b", patched(monkeypatch, (ours.torch, "save", raise_enospc)))
     check_checkpoint_kept(tmp_path / "c", patched(monkeypatch, (ours.os, "fsync", raise_enospc)))  # NFS: at fsync
-    with tiny_tmpfs(tmp_path / "tmpfs") as disk:
-        if disk is None:
-            print("mount not allowed here (not root): the injected full disk only")
-        else:
-            print("real 2 MB tmpfs:", check_checkpoint_kept(disk, contextlib.nullcontext))
+    on_a_real_full_disk(tmp_path, lambda disk: check_checkpoint_kept(disk, contextlib.nullcontext))
 
 
 def test_another_error_of_torch_save_is_not_taken_for_a_full_disk(tmp_path, monkeypatch):
@@ -174,12 +179,7 @@ def test_a_full_disk_while_writing_results_csv_keeps_its_rows(tmp_path, monkeypa
 
     full = patched(monkeypatch, (Path, "open", full_open), (general, "atomic_write", raise_enospc))
     check_results_csv_kept(tmp_path, full)
-    with tiny_tmpfs(tmp_path / "tmpfs") as disk:
-        if disk is None:
-            print("mount not allowed here (not root): the injected full disk only")
-        else:
-            check_results_csv_kept(disk, filled(disk))
-            print("real 2 MB tmpfs: results.csv kept")
+    on_a_real_full_disk(tmp_path, lambda disk: check_results_csv_kept(disk, filled(disk)) or "results.csv kept")
 
 
 def check_label_cache_warns(dataset, full, caplog):
@@ -197,13 +197,13 @@ def test_a_label_cache_that_does_not_fit_on_the_disk_warns_and_training_goes_on(
     monkeypatch.setenv("YOLO_CACHE_DIR", str(tmp_path / "user_cache"))
     make_shapes(tmp_path / "a", n_train=3, n_val=1, size=64)
     print(check_label_cache_warns(tmp_path / "a", patched(monkeypatch, (L, "atomic_write", raise_enospc)), caplog))
-    with tiny_tmpfs(tmp_path / "tmpfs") as disk:
-        if disk is None:
-            print("mount not allowed here (not root): the injected full disk only")
-        else:
-            monkeypatch.setenv("YOLO_CACHE_DIR", str(disk / "user_cache"))  # the fallback folder is full too
-            make_shapes(disk / "b", n_train=3, n_val=1, size=64)
-            print("real 2 MB tmpfs:", check_label_cache_warns(disk / "b", filled(disk), caplog))
+
+    def on_disk(disk):
+        monkeypatch.setenv("YOLO_CACHE_DIR", str(disk / "user_cache"))  # the fallback folder is full too
+        make_shapes(disk / "b", n_train=3, n_val=1, size=64)
+        return check_label_cache_warns(disk / "b", filled(disk), caplog)
+
+    on_a_real_full_disk(tmp_path, on_disk)
 
 
 FULL_AFTER_THE_FIRST_LAST_PT = """
@@ -410,11 +410,7 @@ def test_a_full_disk_while_drawing_a_plot_warns_and_keeps_the_previous_one(tmp_p
 
     full = patched(monkeypatch, (plots, "atomic_write", half_then_full(general.atomic_write)))
     print("injected:", check_plot_kept(tmp_path, full, caplog))
-    with tiny_tmpfs(tmp_path / "tmpfs") as disk:
-        if disk is None:
-            print("mount not allowed here (not root): the injected full disk only")
-        else:
-            print("real 2 MB tmpfs:", check_plot_kept(disk, filled(disk), caplog))
+    on_a_real_full_disk(tmp_path, lambda disk: check_plot_kept(disk, filled(disk), caplog))
 
 
 class FullStream:
@@ -459,11 +455,7 @@ def test_a_full_disk_while_logging_is_said_once_and_the_run_goes_on(tmp_path, ca
         yield
 
     print("injected:", check_log_file(tmp_path, injected, capsys))
-    with tiny_tmpfs(tmp_path / "tmpfs") as disk:
-        if disk is None:
-            print("mount not allowed here (not root): the injected full disk only")
-        else:
-            print("real 2 MB tmpfs:", check_log_file(disk, filled(disk), capsys))
+    on_a_real_full_disk(tmp_path, lambda disk: check_log_file(disk, filled(disk), capsys))
 
 
 def check_run_file_kept(folder, full):
@@ -481,11 +473,7 @@ def check_run_file_kept(folder, full):
 def test_a_full_disk_while_writing_args_yaml_or_metrics_json_stops_with_one_sentence(tmp_path, monkeypatch):
     full = patched(monkeypatch, (general, "atomic_write", half_then_full(general.atomic_write)))
     print("injected:", check_run_file_kept(tmp_path, full))
-    with tiny_tmpfs(tmp_path / "tmpfs") as disk:
-        if disk is None:
-            print("mount not allowed here (not root): the injected full disk only")
-        else:
-            print("real 2 MB tmpfs:", check_run_file_kept(disk, filled(disk)))
+    on_a_real_full_disk(tmp_path, lambda disk: check_run_file_kept(disk, filled(disk)))
 
 
 def check_export_kept(folder, write):
@@ -516,11 +504,7 @@ def test_a_full_disk_while_exporting_keeps_the_previous_file(tmp_path):
         raise_enospc()
 
     print("injected:", check_export_kept(tmp_path, injected))
-    with tiny_tmpfs(tmp_path / "tmpfs") as disk:
-        if disk is None:
-            print("mount not allowed here (not root): the injected full disk only")
-        else:
-            print("real 2 MB tmpfs:", check_export_kept(disk, four_megabytes))
+    on_a_real_full_disk(tmp_path, lambda disk: check_export_kept(disk, four_megabytes))
 
 
 # ---------------------------------------------------------------------------------------------
