@@ -370,8 +370,9 @@ def main(argv=None):
         sys.exit(f"error: {e}")
     imgsz, note = inference_size(model, args.imgsz)
     if args.tile:
-        if tiling_error(args.tile, args.overlap, imgsz):
-            sys.exit(f"error: {tiling_error(args.tile, args.overlap, imgsz)}")
+        error = tiling_error(args.tile, args.overlap, imgsz)
+        if error:
+            sys.exit(f"error: {error}")
         model = tiled_model(model, imgsz, args.tile, args.overlap, args.conf, args.iou, args.classes, args.max_det)
         print(f"tiles of {args.tile} px overlapping by {args.overlap:.0%}, and the whole image for large objects")
     for sentence in (note, nms_note(model, args.conf, args.iou)):

@@ -96,8 +96,9 @@ if note:
     log.info(f"note: {note}")
 imgsz = max(shape)
 if args.tile:  # each image whole, at its own size, one at a time: the tiled model slices it
-    if tiling_error(args.tile, args.overlap, shape):
-        sys.exit(f"error: {tiling_error(args.tile, args.overlap, shape)}")
+    error = tiling_error(args.tile, args.overlap, shape)
+    if error:
+        sys.exit(f"error: {error}")
     model = tiled_model(model, shape, args.tile, args.overlap, args.conf, args.iou, None, args.max_det, True)
     dataset, args.batch = WholeImages(records), 1
     log.info(f"tiles of {args.tile} px overlapping by {args.overlap:.0%}, and the whole image for large objects")
