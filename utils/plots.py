@@ -109,27 +109,23 @@ def colour(k):
 
 def draw_detections(img_bgr, detections, names):
     """Boxes and 'name score' labels on a BGR image (in place), for detect.py."""
-    thickness = max(1, round(sum(img_bgr.shape[:2]) / 600))
     for x1, y1, x2, y2, score, cls in detections:
-        c = colour(int(cls))
-        p1, p2 = (int(x1), int(y1)), (int(x2), int(y2))
-        cv2.rectangle(img_bgr, p1, p2, c, thickness, cv2.LINE_AA)
         label = f"{names[int(cls)] if int(cls) < len(names) else int(cls)} {score:.2f}"
-        scale = thickness / 3
-        (tw, th), _ = cv2.getTextSize(label, 0, scale, max(thickness - 1, 1))
-        top = p1[1] - th - 3 if p1[1] - th - 3 >= 0 else p1[1] + th + 3
-        cv2.rectangle(img_bgr, (p1[0], top), (p1[0] + tw, p1[1]), c, -1, cv2.LINE_AA)
-        cv2.putText(
-            img_bgr,
-            label,
-            (p1[0], p1[1] - 2 if top < p1[1] else top - 2),
-            0,
-            scale,
-            (255, 255, 255),
-            max(thickness - 1, 1),
-            cv2.LINE_AA,
-        )
+        draw_labelled_box(img_bgr, (x1, y1, x2, y2), colour(int(cls)), label)
     return img_bgr
+
+
+def draw_labelled_box(img_bgr, box, c, label):
+    """One box in colour `c` with `label` in white on a filled tab above it (below, at the image's top edge)."""
+    thickness = max(1, round(sum(img_bgr.shape[:2]) / 600))
+    scale = thickness / 3
+    p1, p2 = (int(box[0]), int(box[1])), (int(box[2]), int(box[3]))
+    cv2.rectangle(img_bgr, p1, p2, c, thickness, cv2.LINE_AA)
+    (tw, th), _ = cv2.getTextSize(label, 0, scale, max(thickness - 1, 1))
+    top = p1[1] - th - 3 if p1[1] - th - 3 >= 0 else p1[1] + th + 3
+    cv2.rectangle(img_bgr, (p1[0], top), (p1[0] + tw, p1[1]), c, -1, cv2.LINE_AA)
+    text_y = p1[1] - 2 if top < p1[1] else top - 2
+    cv2.putText(img_bgr, label, (p1[0], text_y), 0, scale, (255, 255, 255), max(thickness - 1, 1), cv2.LINE_AA)
 
 
 def rgb01(k):

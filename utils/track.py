@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-import cv2
 import numpy as np
 
 HIGH_SCORE = 0.25  # first round: detections at least this confident (Ultralytics' bytetrack.yaml too)
@@ -276,17 +275,9 @@ class TrackWriter:
 
 def draw_tracks(img_bgr, tracks, names):
     """Boxes in one colour per track id, labelled 'id name score', on a BGR image (in place)."""
-    from utils.plots import colour  # matplotlib, only when drawing
+    from utils.plots import colour, draw_labelled_box  # matplotlib, only when drawing
 
-    thickness = max(1, round(sum(img_bgr.shape[:2]) / 600))
-    scale = thickness / 3
-    for (x1, y1, x2, y2), track_id, score, cls in zip(tracks.boxes, tracks.ids, tracks.scores, tracks.classes):
-        c, p1 = colour(int(track_id)), (int(x1), int(y1))
-        cv2.rectangle(img_bgr, p1, (int(x2), int(y2)), c, thickness, cv2.LINE_AA)
+    for box, track_id, score, cls in zip(tracks.boxes, tracks.ids, tracks.scores, tracks.classes):
         label = f"{track_id} {names[cls] if cls < len(names) else cls} {score:.2f}"
-        (tw, th), _ = cv2.getTextSize(label, 0, scale, max(thickness - 1, 1))
-        top = p1[1] - th - 3 if p1[1] - th - 3 >= 0 else p1[1] + th + 3
-        cv2.rectangle(img_bgr, (p1[0], top), (p1[0] + tw, p1[1]), c, -1, cv2.LINE_AA)
-        text_y = p1[1] - 2 if top < p1[1] else top - 2
-        cv2.putText(img_bgr, label, (p1[0], text_y), 0, scale, (255, 255, 255), max(thickness - 1, 1), cv2.LINE_AA)
+        draw_labelled_box(img_bgr, box, colour(int(track_id)), label)
     return img_bgr
