@@ -68,6 +68,14 @@ RUNS = {
     "ours-11n-defaults": ("ours", ["--model", "11n"]),
     "peer-11n-defaults": ("peer", ["--model", "yolo11n.yaml"]),
     "ours-n-clsw": ("ours", [*RECIPE, "--cls-weights", "auto"]),  # the rare class (platelets) weighted up
+    # NMS-free (YOLO26n and variants that change its box branch): scored as they answer and again with --nms
+    "ours-26n": ("ours", [*RECIPE, "--model", "26n"]),
+    "ours-26n-dfl": ("ours", [*RECIPE, "--model", "26n", "--reg-max", "16"]),  # DFL and 11n's 64-wide box branch
+    "ours-26n-b64": ("ours", [*RECIPE, "--model", "26n-b64"]),  # no DFL, 64-wide box branch
+    "ours-26n-d16": ("ours", [*RECIPE, "--model", "26n-d16"]),  # DFL, 26n's 16-wide box branch
+    "ours-26n-d32": ("ours", [*RECIPE, "--model", "26n-d32"]),  # DFL, 32-wide box branch
+    "ours-26n-dw": ("ours", [*RECIPE, "--model", "26n-dw"]),  # DFL, 64-wide depthwise box branch (26n's cost)
+    "ours-26n-o2m08": ("ours", [*RECIPE, "--model", "26n", "--o2m-final", "0.8"]),  # one-to-many weight kept at 0.8
     # fine-tuning --weights FILE (its architecture, its tensors; the class convolutions are new: 3 classes here)
     "ours-ft": ("ours", ["--model", "{weights}"]),
     "peer-ft": ("peer", ["--model", "{weights}", "pretrained=True"]),  # False would build the architecture only
@@ -131,18 +139,20 @@ def write_yolo_split(records, root, split):
         (labels / f"{image.stem}.txt").write_text("".join(f"{row}\n" for row in rows))
 
 
-def predict_ours(cell, voc_yaml, imgsz, device):
+def predict_ours(cell, voc_yaml, imgsz, device, nms=False):
     """Our detections of the val images from val.py --save-json on best.pt (the final epoch's weights: validated
-    only once), as (file name, detection) pairs; and val.py's own mAP50-95."""
+    only once), as (file name, detection) pairs; and val.py's own mAP50-95. nms: a YOLO26 model's one-to-many
+    branch and NMS answer instead of its one-to-one branch (val.py --nms)."""
+    val = cell / ("val_nms" if nms else "val")
     command = [sys.executable, "val.py", "--weights", str(cell / "train" / "weights" / "best.pt")]
     command += ["--data", str(voc_yaml), "--imgsz", str(imgsz), "--conf", str(CONF), "--iou", str(IOU)]
     command += ["--max-det", str(MAX_DET), "--save-json", "--workers", "2", "--device", str(device)]
-    command += ["--out", str(cell / "val")]
-    run_logged(command, cell / "log_val.txt")
-    images = json.loads((cell / "val" / "ground_truth.json").read_text())["images"]
+    command += ["--out", str(val), *(["--nms"] if nms else [])]
+    run_logged(command, cell / f"log_{val.name}.txt")
+    images = json.loads((val / "ground_truth.json").read_text())["images"]
     file_of = {im["id"]: Path(im["file_name"]).name for im in images}
-    detections = json.loads((cell / "val" / "predictions.json").read_text())
-    own = json.loads((cell / "val" / "metrics.json").read_text())["mAP50-95"]
+    detections = json.loads((val / "predictions.json").read_text())
+    own = json.loads((val / "metrics.json").read_text())["mAP50-95"]
     return [(file_of[d["image_id"]], d) for d in detections], own
 
 
@@ -184,6 +194,10 @@ def run_cell(run, data, epochs, seed, cell, args):
     seconds = time.perf_counter() - start
     named, own = predict_ours(cell, data["voc_yaml"], imgsz, args.device) if repo == "ours" else predict_peer(cell)
     result = score(data["gt"], named, data["names"])
+    if "26n" in run:  # the same weights with NMS, as Ultralytics' nms=True on YOLO26
+        result["nms"] = score(
+            data["gt"], predict_ours(cell, data["voc_yaml"], imgsz, args.device, True)[0], data["names"]
+        )
     result.update(seconds=round(seconds, 1), own={"mAP50-95": own}, detections=len(named), command=command)
     result.update(epochs=epochs, seed=seed, imgsz=imgsz, batch=batch, images=data["counts"], device=args.device)
     (cell / "result.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -219,7 +233,10 @@ def table(out):
     cells = {}
     for path in sorted(out.glob("*/*px/e*/s*/result.json")):
         run, imgsz, epochs = path.parts[-5], int(path.parts[-4][:-2]), int(path.parts[-3][1:])
-        cells.setdefault((imgsz, run, epochs), []).append(json.loads(path.read_text()))
+        result = json.loads(path.read_text())
+        cells.setdefault((imgsz, run, epochs), []).append(result)
+        if "nms" in result:  # a YOLO26 cell scored a second time, with NMS
+            cells.setdefault((imgsz, f"{run} +NMS", epochs), []).append({**result, **result["nms"]})
     if not cells:
         return f"no results under {out} yet: run the benchmark without --table first\n"
     names = list(next(iter(cells.values()))[0]["per_class"])
@@ -228,7 +245,8 @@ def table(out):
         lines += [f"\n{imgsz} px: pycocotools on the val split, mean +/- std over seeds (n)\n"]
         lines += ["| run | epochs | seeds | mAP50-95 | mAP50 | " + " | ".join(f"AP {n}" for n in names) + " | min |"]
         lines += ["|---" * (6 + len(names)) + "|"]
-        for (size, run, epochs), results in sorted(cells.items(), key=lambda kv: (list(RUNS).index(kv[0][1]), kv[0])):
+        order = lambda kv: (list(RUNS).index(kv[0][1].split()[0]), kv[0])  # noqa: E731
+        for (size, run, epochs), results in sorted(cells.items(), key=order):
             if size != imgsz:
                 continue
             row = [run, str(epochs), str(len(results))]

@@ -13,11 +13,25 @@ from utils.boxes import dfl_decode, distances_to_boxes, make_anchors
 STRIDES = (8, 16, 32)
 
 
+def branch(c, hidden, out, light):
+    """One level's branch of the head: two 3x3 convs of `hidden` channels, then a 1x1 to `out` outputs; light: each
+    3x3 is depthwise and followed by a 1x1 (YOLO11's class branch), about a fifth of the multiply-adds at 64."""
+    if light:
+        return nn.Sequential(
+            nn.Sequential(Conv(c, c, 3, groups=c), Conv(c, hidden, 1)),
+            nn.Sequential(Conv(hidden, hidden, 3, groups=hidden), Conv(hidden, hidden, 1)),
+            nn.Conv2d(hidden, out, 1),
+        )
+    return nn.Sequential(Conv(c, hidden, 3), Conv(hidden, hidden, 3), nn.Conv2d(hidden, out, 1))
+
+
 class Detect(nn.Module):
     """Decoupled head: per level, one branch predicts box side distances as distributions over
     `reg_max` bins (DFL), the other class logits. Anchor-free: one prediction per grid cell.
     light_cls (YOLO11): the class branch's 3x3 convs are depthwise, each followed by a 1x1.
     cls_width: the class branch's width; 0 = the usual rule, which grows it with the class count up to 100.
+    box_width: the box branch's width; 0 = the usual rule (16 for n at reg_max 1, 64 with DFL's 16 bins).
+    light_box: the box branch's 3x3 convs are depthwise, each followed by a 1x1 (as light_cls).
     reg_max=1 (YOLO26): no DFL, the box branch predicts the 4 distances directly.
     end2end (YOLO26): a second copy of both branches, the one-to-one head, trained with one positive anchor per
     object on features detached from the network (so its loss does not reshape them); in eval it alone answers,
@@ -27,33 +41,17 @@ class Detect(nn.Module):
 
     max_det = 300  # end2end: detections per image
 
-    def __init__(self, nc, channels, reg_max=16, light_cls=False, cls_width=0, end2end=False):
+    def __init__(
+        self, nc, channels, reg_max=16, light_cls=False, cls_width=0, end2end=False, box_width=0, light_box=False
+    ):
         super().__init__()
         # one_to_one: the architecture (the loss trains both branches); end2end: which one answers in eval
         self.nc, self.reg_max, self.one_to_one, self.end2end = nc, reg_max, end2end, end2end
         self.strides = STRIDES
-        box_hidden = max(16, channels[0] // 4, reg_max * 4)
+        box_hidden = box_width or max(16, channels[0] // 4, reg_max * 4)
         cls_hidden = cls_width or max(channels[0], min(nc, 100))
-        self.box = nn.ModuleList(
-            nn.Sequential(
-                Conv(c, box_hidden, 3), Conv(box_hidden, box_hidden, 3), nn.Conv2d(box_hidden, 4 * reg_max, 1)
-            )
-            for c in channels
-        )
-        if light_cls:
-            self.cls = nn.ModuleList(
-                nn.Sequential(
-                    nn.Sequential(Conv(c, c, 3, groups=c), Conv(c, cls_hidden, 1)),
-                    nn.Sequential(Conv(cls_hidden, cls_hidden, 3, groups=cls_hidden), Conv(cls_hidden, cls_hidden, 1)),
-                    nn.Conv2d(cls_hidden, nc, 1),
-                )
-                for c in channels
-            )
-        else:
-            self.cls = nn.ModuleList(
-                nn.Sequential(Conv(c, cls_hidden, 3), Conv(cls_hidden, cls_hidden, 3), nn.Conv2d(cls_hidden, nc, 1))
-                for c in channels
-            )
+        self.box = nn.ModuleList(branch(c, box_hidden, 4 * reg_max, light_box) for c in channels)
+        self.cls = nn.ModuleList(branch(c, cls_hidden, nc, light_cls) for c in channels)
         if end2end:
             self.one2one_box, self.one2one_cls = copy.deepcopy(self.box), copy.deepcopy(self.cls)
         self.register_buffer("bins", torch.arange(reg_max, dtype=torch.float32), persistent=False)

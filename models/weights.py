@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from models.yolo import SCALES, YOLO
+from models.yolo import MODELS, YOLO
 from utils.checkpoints.ours import FORMAT, CheckpointError, checkpoint_weights, read_checkpoint
 from utils.export.formats import format_of
 from utils.inference import load_exported
@@ -88,8 +88,8 @@ def architecture(model_arg, reg_max=0, resume_ckpt=None, init_ckpt=None):
     ckpt = resume_ckpt or (init_ckpt if model_arg.endswith(".pt") else None)
     if ckpt:
         return ckpt["scale"], box_bins(ckpt)
-    if model_arg not in SCALES:
-        raise ValueError(f"--model {model_arg}: give one of {', '.join(SCALES)} or a .pt file")
+    if model_arg not in MODELS:
+        raise ValueError(f"--model {model_arg}: give one of {', '.join(MODELS)} or a .pt file")
     if reg_max < 0:
         raise ValueError(f"--reg-max {reg_max}: give 0 (the family's), 1 (no DFL) or the DFL bins per side (16)")
     return model_arg, reg_max

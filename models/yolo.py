@@ -41,6 +41,11 @@ SCALES = {
     "26l": (1.00, 1.00, 512),
     "26x": (1.00, 1.50, 512),
 }
+# NMS-free variants of YOLO26 that change only its box branch (bench/RESULTS.md "NMS-free on real photos"):
+# name: (the scale they change, box bins per side (1: no DFL), box branch width, depthwise box branch)
+VARIANTS = {"26n-b64": ("26n", 1, 64, False), "26n-d16": ("26n", 16, 16, False), "26n-d32": ("26n", 16, 32, False)}
+VARIANTS |= {"26n-dw": ("26n", 16, 64, True)}
+MODELS = [*SCALES, *VARIANTS]  # every name --model takes
 
 
 @contextlib.contextmanager
@@ -78,10 +83,11 @@ class YOLO(nn.Module):
 
     def __init__(self, scale="n", nc=80, checkpoint_activations=False, cls_width=0, reg_max=0):
         super().__init__()
-        if scale not in SCALES:
-            raise ValueError(f"model must be one of {', '.join(SCALES)}, got {scale!r}")
-        depth, width, max_ch = SCALES[scale]
+        if scale not in MODELS:
+            raise ValueError(f"model must be one of {', '.join(MODELS)}, got {scale!r}")
         self.scale, self.nc = scale, nc
+        scale, variant_bins, box_width, light_box = VARIANTS.get(scale, (scale, 0, 0, False))
+        depth, width, max_ch = SCALES[scale]
         # Recompute activations in backward instead of storing them (pitfall E2: spend compute to save memory).
         self.checkpoint_activations = checkpoint_activations
         c1, c2, c3, c4, c5 = (_width(c, width, max_ch) for c in (64, 128, 256, 512, 1024))
@@ -106,8 +112,8 @@ class YOLO(nn.Module):
             self.down_p3, self.bottom4 = Conv(c3, c3, 3, 2), C3k2(c3 + c4, c4, n2, deep_neck)
             self.down_p4 = Conv(c4, c4, 3, 2)
             self.bottom5 = C3k2(c4 + c5, c5, 1, True, attention=True) if yolo26 else C3k2(c4 + c5, c5, n2, True)
-            reg_max = reg_max or (1 if yolo26 else 16)
-            self.head = Detect(nc, (c3, c4, c5), reg_max, light_cls=True, cls_width=cls_width, end2end=yolo26)
+            reg_max = reg_max or variant_bins or (1 if yolo26 else 16)
+            self.head = Detect(nc, (c3, c4, c5), reg_max, True, cls_width, yolo26, box_width, light_box)
         else:
             n3, n6 = max(round(3 * depth), 1), max(round(6 * depth), 1)
             # backbone

@@ -190,6 +190,22 @@ def test_yolo26_graph_outputs_its_final_detections_without_nms(tmp_path):
     assert unmatched == 0 and boxes < 1e-2 and scores < 1e-4
 
 
+def test_yolo26_variant_with_dfl_exports_its_final_detections(tmp_path):
+    """26n-dw (DFL's 16 bins per side, depthwise box branch): the expectation over the bins is in the end-to-end
+    graph, which gives PyTorch's detections (export.py's own check, then here)."""
+    weights = make_checkpoint(tmp_path / "best.pt", imgsz=96, scale="26n-dw")
+    export.main(["--weights", str(weights), "--onnx", "--runs", "1", "--conf", str(CONF)])  # exits if they disagree
+    exported, x = load_exported(weights.with_suffix(".onnx")), batch_of([3], 96, 96)
+    with torch.no_grad():
+        ours = pytorch_model(weights)(x)
+    theirs = exported["run"](x)
+    assert exported["end2end"] and theirs.shape == ours.shape == (1, 189, 6)
+    boxes, scores, unmatched = compare_detections(
+        ours[0][ours[0, :, 4] > CONF], postprocess(theirs, exported, CONF)[0], CONF
+    )
+    assert unmatched == 0 and boxes < 1e-2 and scores < 1e-4
+
+
 def test_tflite_of_yolo26_gives_its_final_detections(tmp_path):
     """litert-torch converts the end-to-end graph (TopK and gathers, no NMS); export.py's check holds the file to
     PyTorch's detections, and the metadata appended to the flatbuffer is read back."""

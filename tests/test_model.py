@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.yolo import SCALES, YOLO, count_gflops, count_parameters
+from models.weights import model_from_checkpoint
+from models.yolo import SCALES, VARIANTS, YOLO, count_gflops, count_parameters
 from utils.assigner import assign_targets
 from utils.boxes import make_anchors, non_max_suppression, scale_boxes_to_original
 from utils.data.augment import letterbox
@@ -46,6 +47,31 @@ def test_yolo26_trains_two_heads_without_dfl_and_answers_final_detections():
     assert ((out[..., 5] >= 0) & (out[..., 5] < 7) & (out[..., 5] == out[..., 5].round())).all()
     with torch.no_grad():
         assert model(torch.rand(1, 3, 160, 160)).shape == (1, 300, 6)  # 525 anchors: the best 300
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_each_yolo26_variant_changes_only_its_box_branches_and_a_checkpoint_rebuilds_it(name):
+    """--model 26n-d32 etc. (the NMS-free variants measured on BCCD): the scale's network but for the box branch of
+    both heads (its bins per side, width, depthwise convs), still answering without NMS; val.py, detect.py and
+    export.py rebuild it from a checkpoint that names it."""
+    scale, bins, width, depthwise = VARIANTS[name]
+    torch.manual_seed(0)
+    base, variant = YOLO(scale, nc=3), YOLO(name, nc=3)
+    outside_box = lambda m: {k: v.shape for k, v in m.state_dict().items() if "box." not in k}  # noqa: E731
+    assert outside_box(variant) == outside_box(base) and variant.head.reg_max == bins
+    for boxes in (variant.head.box, variant.head.one2one_box):
+        assert all(level[-1].in_channels == width and level[-1].out_channels == 4 * bins for level in boxes)
+        grouped = [m for m in boxes.modules() if isinstance(m, torch.nn.Conv2d) and m.groups > 1]
+        assert len(grouped) == (6 if depthwise else 0)  # two depthwise 3x3 per level
+    maps = variant.train()(torch.rand(2, 3, 64, 96))
+    assert [tuple(m.shape) for m in maps["one2one"]] == [(2, 4 * bins + 3, 8, 12), (2, 4 * bins + 3, 4, 6),
+                                                         (2, 4 * bins + 3, 2, 3)]  # fmt: skip
+    ckpt = {"scale": name, "nc": 3, "names": ["a", "b", "c"], "imgsz": 64, "model": variant.state_dict()}
+    rebuilt, x = model_from_checkpoint(ckpt), torch.rand(1, 3, 160, 160)  # loaded strictly: every tensor fits
+    with torch.no_grad():
+        assert variant.eval()(x).shape == (1, 300, 6) and rebuilt.end2end  # 525 anchors: the best 300
+        rebuilt.end2end = variant.end2end = False  # per anchor (the top 300 of an untrained model are near ties)
+        assert torch.allclose(rebuilt(x), variant(x), atol=1e-4)
 
 
 def test_yolo26_answers_with_its_one_to_many_head_for_nms_when_asked():
