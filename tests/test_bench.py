@@ -141,8 +141,8 @@ def test_real_data_benchmark_trains_ours_on_voc_as_it_lies_and_scores_it_with_py
     ids = write_voc(voc)
     before = {p: p.stat().st_mtime_ns for p in voc.rglob("*")}
     env = {**os.environ, "YOLO_CACHE_DIR": str(tmp_path / "cache")}
-    command = [sys.executable, "bench/real_data_benchmark.py", "--voc", str(voc), "--runs", "ours-n", "--seeds", "0"]
-    command += ["--epochs", "1", "--imgsz", "64", "--batch", "4", "--out", str(out)]
+    command = [sys.executable, "bench/real_data_benchmark.py", "--voc", str(voc), "--runs", "ours-n", "ours-26n"]
+    command += ["--seeds", "0", "--epochs", "1", "--imgsz", "64", "--batch", "4", "--out", str(out)]
     r = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert {p: p.stat().st_mtime_ns for p in voc.rglob("*")} == before  # nothing written into the dataset
@@ -152,6 +152,10 @@ def test_real_data_benchmark_trains_ours_on_voc_as_it_lies_and_scores_it_with_py
     assert set(result["per_class"]) == {"cell", "dot"}  # the XML's names, sorted
     assert result["images"] == {"train": 6, "val": 3}
     assert "| ours-n | 1 | 1 |" in r.stdout  # the table
+    # YOLO26: scored NMS-free, and again from the same weights with --nms (its one-to-many head), a row of its own
+    nms = json.loads((out / "ours-26n" / "64px" / "e1" / "s0" / "result.json").read_text())["nms"]
+    assert 0.0 <= nms["mAP50-95"] <= nms["mAP50"] <= 1.0 and set(nms["per_class"]) == {"cell", "dot"}
+    assert "| ours-26n | 1 | 1 |" in r.stdout and "| ours-26n +NMS | 1 | 1 |" in r.stdout
 
     gt = json.loads((out / "data" / "val_gt.json").read_text())  # the ground truth both sides are scored against
     assert sorted(im["file_name"] for im in gt["images"]) == [f"{i}.jpg" for i in ids[6:]]
