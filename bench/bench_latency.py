@@ -26,7 +26,7 @@ import onnxruntime
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from models.yolo import SCALES, YOLO  # noqa: E402
+from models.yolo import MODELS, YOLO  # noqa: E402
 from utils.inference import median_latency  # noqa: E402
 
 
@@ -47,7 +47,7 @@ def onnx_runner(path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="n", choices=list(SCALES))
+    parser.add_argument("--model", default="n", choices=MODELS)
     parser.add_argument("--sizes", nargs="+", type=int, default=[640, 320])
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
