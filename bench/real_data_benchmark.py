@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as `python bench/real_data_benchmark.py`: find utils/ and bench/
 
 from bench.peer import find_peer_python  # noqa: E402
-from bench.recipe_benchmark import RECIPE, run_logged, train_command  # noqa: E402
+from bench.recipe_benchmark import RECIPE, is_yolo26, run_logged, train_command  # noqa: E402
 from utils.coco import records_to_coco  # noqa: E402
 from utils.data.dataset_yaml import DatasetError, load_dataset_yaml  # noqa: E402
 from utils.data.labels import load_verified  # noqa: E402
@@ -184,8 +184,8 @@ def score(gt_path, named_detections, names):
 
 
 def run_cell(run, data, epochs, seed, cell, args):
-    repo, extra = RUNS[run]
-    extra = [a.format(weights=args.weights) for a in extra]
+    repo, flags = RUNS[run]
+    extra = [a.format(weights=args.weights) for a in flags]
     data_yaml = data["voc_yaml"] if repo == "ours" else data["yolo_yaml"]
     imgsz, batch = args.imgsz, args.batch
     command = train_command(repo, extra, data_yaml, epochs, seed, cell, args.peer_python, imgsz, batch, args.device)
@@ -194,7 +194,7 @@ def run_cell(run, data, epochs, seed, cell, args):
     seconds = time.perf_counter() - start
     named, own = predict_ours(cell, data["voc_yaml"], imgsz, args.device) if repo == "ours" else predict_peer(cell)
     result = score(data["gt"], named, data["names"])
-    if "26n" in run:  # the same weights with NMS, as Ultralytics' nms=True on YOLO26
+    if is_yolo26(flags):  # the same weights with NMS, as Ultralytics' nms=True on YOLO26
         result["nms"] = score(
             data["gt"], predict_ours(cell, data["voc_yaml"], imgsz, args.device, True)[0], data["names"]
         )

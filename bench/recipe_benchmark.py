@@ -114,7 +114,7 @@ def run_cell(run, data_yaml, nc, epochs, seed, cell, peer_python):
 def scores(run, cell, data_yaml, peer_python):
     """{"mAP50-95", "mAP50"} of a trained cell; for YOLO26 those of its NMS-free head, plus "nms": the same of its
     one-to-many head + NMS (Ultralytics' default for YOLO26, our val.py --nms): both repos scored in both modes."""
-    repo, yolo26 = RUNS[run][0], is_yolo26(run)
+    repo, yolo26 = RUNS[run][0], is_yolo26(RUNS[run][1])
     if repo == "ours":
         metrics = json.loads((cell / "train" / "metrics.json").read_text())  # the NMS-free head for YOLO26
         found = {"mAP50-95": metrics["mAP50-95"], "mAP50": metrics["mAP50"]}
@@ -137,9 +137,10 @@ def scores(run, cell, data_yaml, peer_python):
     return {"mAP50-95": end2end[0], "mAP50": end2end[1], "nms": default}
 
 
-def is_yolo26(run):
-    extra = RUNS[run][1]
-    return extra[:1] == ["--model"] and "26" in extra[1]
+def is_yolo26(extra):
+    """Whether a run's flags (ours) or settings (Ultralytics) train a YOLO26: the --model they name is one (26n,
+    26n-d32, yolo26n.yaml ...)."""
+    return "--model" in extra and "26" in extra[extra.index("--model") + 1]
 
 
 def run_logged(command, log_path):
@@ -213,7 +214,7 @@ def main():
     if args.rescore:
         for path in sorted(out.glob("*/*/e*/s*/result.json")):
             dataset, run, result = path.parts[-5], path.parts[-4], json.loads(path.read_text())
-            if "nms" not in result and run in RUNS and is_yolo26(run):
+            if "nms" not in result and run in RUNS and is_yolo26(RUNS[run][1]):
                 data_yaml = out / "data" / f"{dataset}.yaml"
                 result.update(scores(run, path.parent, data_yaml, args.peer_python))
                 path.write_text(json.dumps(result, indent=2) + "\n")
