@@ -15,7 +15,7 @@ STRIDES = (8, 16, 32)
 
 def branch(c, hidden, out, light):
     """One level's branch of the head: two 3x3 convs of `hidden` channels, then a 1x1 to `out` outputs; light: each
-    3x3 is depthwise and followed by a 1x1 (YOLO11's class branch), about a fifth of the multiply-adds at 64."""
+    3x3 is depthwise and followed by a 1x1 (YOLO11's class branch), an eighth of the multiply-adds at 64 channels."""
     if light:
         return nn.Sequential(
             nn.Sequential(Conv(c, c, 3, groups=c), Conv(c, hidden, 1)),
