@@ -40,6 +40,10 @@ class Detect(nn.Module):
     """
 
     max_det = 300  # end2end: detections per image
+    # YOLO26 / YOLOv10: the one-to-one head learns on detached features, so that its one-positive-per-object loss
+    # does not reshape the network the one-to-many head trains. False (models/yolo.py's "joint" variants): its
+    # gradient reaches the network too.
+    detach_one2one = True
 
     def __init__(
         self, nc, channels, reg_max=16, light_cls=False, cls_width=0, end2end=False, box_width=0, light_box=False
@@ -72,7 +76,7 @@ class Detect(nn.Module):
         both = self.training or self.return_maps  # else eval runs only the branch that answers
         maps = self.branch(feats, self.box, self.cls) if both or not self.end2end else None
         if self.one_to_one:
-            detached = [x.detach() for x in feats] if self.training else feats
+            detached = [x.detach() for x in feats] if self.training and self.detach_one2one else feats
             one2one = self.branch(detached, self.one2one_box, self.one2one_cls) if both or self.end2end else None
             maps = {"one2many": maps, "one2one": one2one}
         if self.training:

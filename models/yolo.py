@@ -43,12 +43,13 @@ SCALES = {
 }
 # NMS-free variants of YOLO26n that change only its box branch, measured on BCCD against 11n (bench/RESULTS.md
 # "NMS-free on BCCD"; none reaches 11n's mAP within 0.9x its latency). name: (the scale they change, box bins per
-# side (1: no DFL), box branch width, depthwise 3x3 convs in it)
+# side (1: no DFL), box branch width, depthwise 3x3 convs in it, the one-to-one head's loss also trains the network)
 VARIANTS = {
-    "26n-d32": ("26n", 16, 32, False),  # the closest: DFL at half 11n's width, 0.94x 11n's time at 640 px
-    "26n-d16": ("26n", 16, 16, False),  # DFL at 26n's width
-    "26n-dw": ("26n", 16, 64, True),  # DFL at 11n's width, depthwise (YOLO11's class-branch design)
-    "26n-b64": ("26n", 1, 64, False),  # 11n's width without DFL
+    "26n-d32": ("26n", 16, 32, False, False),  # DFL at half 11n's width, 0.94x 11n's time at 640 px
+    "26n-d32-joint": ("26n", 16, 32, False, True),  # the same network and speed, trained jointly
+    "26n-d16": ("26n", 16, 16, False, False),  # DFL at 26n's width
+    "26n-dw": ("26n", 16, 64, True, False),  # DFL at 11n's width, depthwise (YOLO11's class-branch design)
+    "26n-b64": ("26n", 1, 64, False, False),  # 11n's width without DFL
 }
 MODELS = [*SCALES, *VARIANTS]  # every name --model takes
 
@@ -91,7 +92,7 @@ class YOLO(nn.Module):
         if scale not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {scale!r}")
         self.scale, self.nc = scale, nc
-        scale, variant_bins, box_width, light_box = VARIANTS.get(scale, (scale, 0, 0, False))
+        scale, variant_bins, box_width, light_box, joint = VARIANTS.get(scale, (scale, 0, 0, False, False))
         depth, width, max_ch = SCALES[scale]
         # Recompute activations in backward instead of storing them (pitfall E2: spend compute to save memory).
         self.checkpoint_activations = checkpoint_activations
@@ -119,6 +120,7 @@ class YOLO(nn.Module):
             self.bottom5 = C3k2(c4 + c5, c5, 1, True, attention=True) if yolo26 else C3k2(c4 + c5, c5, n2, True)
             reg_max = reg_max or variant_bins or (1 if yolo26 else 16)
             self.head = Detect(nc, (c3, c4, c5), reg_max, True, cls_width, yolo26, box_width, light_box)
+            self.head.detach_one2one = not joint
         else:
             n3, n6 = max(round(3 * depth), 1), max(round(6 * depth), 1)
             # backbone

@@ -53,8 +53,9 @@ def test_yolo26_trains_two_heads_without_dfl_and_answers_final_detections():
 def test_each_yolo26_variant_changes_only_its_box_branches_and_a_checkpoint_rebuilds_it(name):
     """--model 26n-d32 etc. (the NMS-free variants measured on BCCD): the scale's network but for the box branch of
     both heads (its bins per side, width, depthwise convs), still answering without NMS; val.py, detect.py and
-    export.py rebuild it from a checkpoint that names it."""
-    scale, bins, width, depthwise = VARIANTS[name]
+    export.py rebuild it from a checkpoint that names it. A joint variant's one-to-one loss trains the network too,
+    the others' leaves it to the one-to-many head."""
+    scale, bins, width, depthwise, joint = VARIANTS[name]
     torch.manual_seed(0)
     base, variant = YOLO(scale, nc=3), YOLO(name, nc=3)
     outside_box = lambda m: {k: v.shape for k, v in m.state_dict().items() if "box." not in k}  # noqa: E731
@@ -66,6 +67,8 @@ def test_each_yolo26_variant_changes_only_its_box_branches_and_a_checkpoint_rebu
     maps = variant.train()(torch.rand(2, 3, 64, 96))
     assert [tuple(m.shape) for m in maps["one2one"]] == [(2, 4 * bins + 3, 8, 12), (2, 4 * bins + 3, 4, 6),
                                                          (2, 4 * bins + 3, 2, 3)]  # fmt: skip
+    sum(m.sum() for m in maps["one2one"]).backward()
+    assert (variant.stem.conv.weight.grad is not None) == joint
     ckpt = {"scale": name, "nc": 3, "names": ["a", "b", "c"], "imgsz": 64, "model": variant.state_dict()}
     rebuilt, x = model_from_checkpoint(ckpt), torch.rand(1, 3, 160, 160)  # loaded strictly: every tensor fits
     with torch.no_grad():
