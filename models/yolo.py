@@ -41,12 +41,14 @@ SCALES = {
     "26l": (1.00, 1.00, 512),
     "26x": (1.00, 1.50, 512),
 }
-# NMS-free variants of YOLO26n that change only its box branch, measured on BCCD against 11n (bench/RESULTS.md
-# "NMS-free on BCCD"; none reaches 11n's mAP within 0.9x its latency). name: (the scale they change, box bins per
-# side (1: no DFL), box branch width, depthwise 3x3 convs in it, the one-to-one head's loss also trains the network)
+# NMS-free variants of YOLO26n that change only its box branch or how its one-to-one head trains, measured on BCCD
+# against 11n (bench/RESULTS.md "NMS-free on BCCD"; none reaches 11n's mAP within 0.9x its latency). name: (the
+# scale they change, box bins per side (1: no DFL), box branch width, depthwise 3x3 convs in it, joint: the
+# one-to-one head's loss also trains the network)
 VARIANTS = {
     "26n-d32": ("26n", 16, 32, False, False),  # DFL at half 11n's width, 0.94x 11n's time at 640 px
     "26n-d32-joint": ("26n", 16, 32, False, True),  # the same network and speed, trained jointly
+    "26n-joint": ("26n", 1, 16, False, True),  # 26n itself, trained jointly
     "26n-d16": ("26n", 16, 16, False, False),  # DFL at 26n's width
     "26n-dw": ("26n", 16, 64, True, False),  # DFL at 11n's width, depthwise (YOLO11's class-branch design)
     "26n-b64": ("26n", 1, 64, False, False),  # 11n's width without DFL

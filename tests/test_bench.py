@@ -153,9 +153,21 @@ def test_real_data_benchmark_trains_ours_on_voc_as_it_lies_and_scores_it_with_py
     assert result["images"] == {"train": 6, "val": 3}
     assert "| ours-n | 1 | 1 |" in r.stdout  # the table
     # YOLO26: scored NMS-free, and again from the same weights with --nms (its one-to-many head), a row of its own
-    nms = json.loads((out / "ours-26n" / "64px" / "e1" / "s0" / "result.json").read_text())["nms"]
+    result_26n = json.loads((out / "ours-26n" / "64px" / "e1" / "s0" / "result.json").read_text())
+    nms = result_26n["nms"]
     assert 0.0 <= nms["mAP50-95"] <= nms["mAP50"] <= 1.0 and set(nms["per_class"]) == {"cell", "dot"}
     assert "| ours-26n | 1 | 1 |" in r.stdout and "| ours-26n +NMS | 1 | 1 |" in r.stdout
+    # bench/nms_free_gap.py on that checkpoint: four answers of the same weights, NMS-free and with --nms as above
+    weights = out / "ours-26n" / "64px" / "e1" / "s0" / "train" / "weights" / "best.pt"
+    command = [sys.executable, "bench/nms_free_gap.py", "--weights", str(weights), "--imgsz", "64"]
+    gap = subprocess.run([*command, "--data", str(out / "data" / "voc.yaml")], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert gap.returncode == 0, gap.stderr[-2000:]
+    rows = {line.split(" | ")[0][2:]: float(line.split(" | ")[1].split()[0]) for line in gap.stdout.splitlines()
+            if line.startswith("| one-")}  # fmt: skip
+    assert list(rows) == ["one-to-one", "one-to-one + NMS", "one-to-one scores, one-to-many boxes", "one-to-many + NMS"]
+    assert rows["one-to-one"] == pytest.approx(result_26n["mAP50-95"], abs=6e-4)
+    assert rows["one-to-many + NMS"] == pytest.approx(nms["mAP50-95"], abs=6e-4)
 
     gt = json.loads((out / "data" / "val_gt.json").read_text())  # the ground truth both sides are scored against
     assert sorted(im["file_name"] for im in gt["images"]) == [f"{i}.jpg" for i in ids[6:]]

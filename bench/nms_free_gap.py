@@ -1,0 +1,88 @@
+"""Where a YOLO26 checkpoint's NMS-free answer loses to its own one-to-many head with NMS (val.py --nms): the same
+weights scored four ways by pycocotools on a dataset's val split, as val.py scores them.
+
+    python bench/nms_free_gap.py --weights runs/rd26/ours-26n-d32/320px/e40/s0/train/weights/best.pt \
+        --data runs/rd26/data/voc.yaml --imgsz 320
+
+- one-to-one: the model as it answers (its top 300 (anchor, class) scores, no NMS);
+- one-to-one + NMS: the same per-anchor outputs with NMS at IoU 0.7: what duplicates of one object cost;
+- one-to-one scores, one-to-many boxes: each anchor's one-to-one score with the box its one-to-many head gives:
+  what the one-to-one box branch costs;
+- one-to-many + NMS: val.py --nms.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from models.weights import load_weights  # noqa: E402
+from utils.data.dataset_yaml import load_dataset_yaml  # noqa: E402
+from utils.data.labels import load_verified  # noqa: E402
+from utils.data.loader import ValDataset, make_loader  # noqa: E402
+from utils.evaluate import evaluate  # noqa: E402
+from utils.inference import from_pytorch  # noqa: E402
+
+WAYS = {  # name: (output of the per-anchor one-to-one and one-to-many decodings, whether it is final: no NMS)
+    "one-to-one": (lambda head, o2o, o2m: head.top_detections(o2o), True),
+    "one-to-one + NMS": (lambda head, o2o, o2m: o2o, False),
+    "one-to-one scores, one-to-many boxes": (
+        lambda head, o2o, o2m: head.top_detections(torch.cat((o2m[..., :4], o2o[..., 4:]), 2)),
+        True,
+    ),
+    "one-to-many + NMS": (lambda head, o2o, o2m: o2m, False),
+}
+
+
+def scored(network, way, loader, names, device, coco_json):
+    """evaluate()'s result for the network answering `way`."""
+    head = network.head
+    combine, final = WAYS[way]
+
+    @torch.no_grad()
+    def run(x):
+        head.return_maps = True
+        try:
+            _, maps = network(x.to(device).float())
+        finally:
+            head.return_maps = False
+        return combine(head, head.decode(maps["one2one"]), head.decode(maps["one2many"]))
+
+    model = {**from_pytorch(network, device), "run": run, "end2end": final}
+    return evaluate(model, loader, names, device, coco_json)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--weights", required=True, help="a YOLO26 .pt (one with a one-to-one head)")
+    parser.add_argument("--data", required=True, help="the dataset yaml whose val split is scored")
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--batch", type=int, default=32)  # val.py's: the same rectangular batches
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+
+    device = torch.device(args.device)
+    network = load_weights(args.weights, device).model.eval()
+    if not getattr(network.head, "one_to_one", False):
+        sys.exit(f"error: {args.weights} has no one-to-one head (a YOLO26 checkpoint has one)")
+    data = load_dataset_yaml(args.data)
+    records = load_verified(data["val"], data["nc"], "val")
+    dataset = ValDataset(records, args.imgsz, args.batch, stride=max(network.head.strides), shape=None)
+    loader = make_loader(dataset, batch_size=args.batch, workers=2)
+    names = data["names"]
+    print(f"{args.weights}: {len(records)} val images at {args.imgsz} px; pycocotools mAP50-95 (mAP50)")
+    print("| answer | all | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 2) + "|")
+    for way in WAYS:
+        result = scored(network, way, loader, names, device, data["coco_jsons"]["val"])
+        m = result["metrics"]
+        cells = [f"{m['mAP50-95']:.3f} ({m['mAP50']:.3f})"]
+        cells += [f"{c['mAP50-95']:.3f} ({c['mAP50']:.3f})" for c in result["per_class"]]
+        print(f"| {way} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
