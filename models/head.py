@@ -34,9 +34,10 @@ class Detect(nn.Module):
     light_box: the box branch's 3x3 convs are depthwise, each followed by a 1x1 (as light_cls).
     reg_max=1 (YOLO26): no DFL, the box branch predicts the 4 distances directly.
     end2end (YOLO26): a second copy of both branches, the one-to-one head, trained with one positive anchor per
-    object on features detached from the network (so its loss does not reshape them); in eval it alone answers,
-    and its top max_det (anchor, class) scores are the final detections: no NMS. Setting `end2end = False` on such
-    a head makes eval answer with the one-to-many branch instead, per anchor, for NMS (val.py / detect.py --nms).
+    object on features detached from the network (so its loss does not reshape them; see detach_one2one); in eval
+    it alone answers, and its top max_det (anchor, class) scores are the final detections: no NMS. Setting
+    `end2end = False` on such a head makes eval answer with the one-to-many branch instead, per anchor, for NMS
+    (val.py / detect.py --nms).
     """
 
     max_det = 300  # end2end: detections per image
@@ -76,8 +77,8 @@ class Detect(nn.Module):
         both = self.training or self.return_maps  # else eval runs only the branch that answers
         maps = self.branch(feats, self.box, self.cls) if both or not self.end2end else None
         if self.one_to_one:
-            detached = [x.detach() for x in feats] if self.training and self.detach_one2one else feats
-            one2one = self.branch(detached, self.one2one_box, self.one2one_cls) if both or self.end2end else None
+            o2o_feats = [x.detach() for x in feats] if self.training and self.detach_one2one else feats
+            one2one = self.branch(o2o_feats, self.one2one_box, self.one2one_cls) if both or self.end2end else None
             maps = {"one2many": maps, "one2one": one2one}
         if self.training:
             return maps
