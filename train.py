@@ -311,12 +311,14 @@ benchmark = monitor.Benchmark(args.benchmark, args.batch, args.imgsz, device) if
 
 # -----------------------------------------------------------------------------------------------
 # One micro-step's pieces, and what a skipped optimizer step does
-def forward_loss(images, targets, last_micro_step):
-    """Forward under autocast; the loss in fp32 (utils/loss.py, which also redoes the label assignment on the CPU
-    when that alone runs out of memory). Returns (loss, parts), or None when the forward ran out of memory (the
-    activations: --batch too large). pitfall M5: under DDP only a window's last micro-step all-reduces gradients."""
+def forward_loss(images, targets, size, last_micro_step):
+    """The batch onto the device, the forward under autocast, the loss in fp32 (utils/loss.py, which also redoes the
+    label assignment on the CPU when that alone runs out of memory). Returns (loss, parts), or None when the batch's
+    copy or the forward ran out of memory (--batch too large: the copy is where a nearly full GPU fails first).
+    pitfall M5: under DDP only a window's last micro-step all-reduces gradients."""
     sync = contextlib.nullcontext() if world_size == 1 or last_micro_step else model.no_sync()
     try:
+        images, targets = batch_to_device(images, targets, device, size)
         with sync, torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
             maps = model(images)
         return loss_fn(maps, targets)
@@ -387,12 +389,11 @@ for epoch in range(start_epoch, args.epochs):
         if is_main and iteration < 3 and not args.benchmark:  # the augmented batches as the model sees them
             in_background(plot_batch, images.clone(), targets.clone(), names, run_dir / f"train_batch{iteration}.jpg")
         # --multi-scale: a multiple of 32, a pure function of (seed, iteration): all ranks agree (pitfall M4)
-        size = multi_scale_size(args.imgsz, args.seed, iteration) if args.multi_scale else None
-        images, targets = batch_to_device(images, targets, device, size)
+        size = multi_scale_size(args.imgsz, args.seed, iteration) if args.multi_scale else images.shape[-1]
         last_micro_step = i in windows
 
         # Forward, then Backward. An out-of-memory in either drops the rest of this accumulation window.
-        result = forward_loss(images, targets, last_micro_step) if not window_dropped else None
+        result = forward_loss(images, targets, size, last_micro_step) if not window_dropped else None
         window_dropped = result is None
         if last_micro_step:  # the backward all-reduces: every rank runs it, or none does
             window_dropped, stop = any_rank([window_dropped, stop_request.requested], world_size, flags_group)
@@ -416,7 +417,7 @@ for epoch in range(start_epoch, args.epochs):
         # Step: taken, or skipped for a dropped window or NaN/Inf gradients (the norm is all-reduced by now:
         # the same decision on every rank)
         if window_dropped:
-            skip_step("oom", epoch, i, images.shape[-1])
+            skip_step("oom", epoch, i, size)
         elif optimizer_step(model, optimizer, scaler, args.clip_grad):
             if ema:
                 ema.update(model)
@@ -424,7 +425,7 @@ for epoch in range(start_epoch, args.epochs):
             batches_done += window_batches
             in_a_row.update(oom=0, nonfinite=0)
         else:
-            skip_step("nonfinite", epoch, i, images.shape[-1])
+            skip_step("nonfinite", epoch, i, size)
         window_sums.zero_()
         window_batches, window_dropped = 0, False
 

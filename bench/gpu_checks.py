@@ -70,7 +70,10 @@ def check_oom(out, device):
         )
     finally:
         Path(f.name).unlink()
-    message = next((line for line in result.stdout.splitlines() if "out of memory in" in line), "(no message)")
+    output = result.stdout + result.stderr
+    message = next((line for line in output.splitlines() if "out of memory in" in line), "(no message)")
+    if "Traceback" in output:  # the run must stop with the sentence, not with a stack
+        message += "\n  and a traceback:\n" + output[-1500:]
     print(
         f"forced OOM: exit {result.returncode} after {seconds:.0f} s, "
         f"crash/ written: {(out / 'oom/crash/reason.txt').exists()}\n  {message}"

@@ -92,6 +92,11 @@ RUNS = {
     "ours-ft-w1": ("ours", ["--model", "{weights}", "--warmup-epochs", "1"]),
     "ours-ft-freeze": ("ours", ["--model", "{weights}", "--freeze", BACKBONE]),
     "ours-ft-close3": ("ours", ["--model", "{weights}", "--close-mosaic", "3"]),
+    # Ultralytics' optimizer=auto choice here: AdamW at 0.002 * 5 / (4 + classes), beta1 0.9, biases not warmed up
+    "ours-ft-auto": ("ours", ["--model", "{weights}", "--lr0", "0.00143", "--momentum", "0.9",
+                              "--warmup-bias-lr", "0"]),
+    "ours-ft-lr143": ("ours", ["--model", "{weights}", "--lr0", "0.00143"]),  # its rate alone
+    "ours-ft-bias0": ("ours", ["--model", "{weights}", "--warmup-bias-lr", "0"]),  # its bias warmup alone
 }  # fmt: skip
 PAIRS = [("ours-n", "peer-v8n"), ("ours-11n", "peer-11n"), ("ours-n-defaults", "peer-v8n-defaults")]
 PAIRS += [("ours-11n-defaults", "peer-11n-defaults"), ("ours-ft", "peer-ft"), ("ours-ft", "peer-ft-same")]

@@ -316,13 +316,32 @@ def test_out_of_memory_in_the_label_assignment_is_redone_on_the_cpu_with_the_sam
     assert tensors_equal(plain["model"], retried["model"])  # BN statistics too: nothing ran twice
 
 
-def test_out_of_memory_in_every_forward_stops_the_run_naming_the_batch_size(tiny_data, tmp_path):
-    wrapper = make_wrapper(
-        tmp_path,
-        forward="""
-        raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-    """,
-    )
+# An out-of-memory in the batch's copy to the GPU (where a nearly full GPU fails first, before the forward)
+COPY_OOM = """
+import utils.data.loader
+original_copy, copies = utils.data.loader.batch_to_device, [0]
+def batch_to_device(*a, **kw):
+    copies[0] += 1
+    if copies[0] in FAILING:
+        raise torch.OutOfMemoryError("CUDA out of memory (injected in the batch's copy)")
+    return original_copy(*a, **kw)
+utils.data.loader.batch_to_device = batch_to_device
+"""
+FORWARD_OOM = """
+if n in FAILING:
+    raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+"""
+
+
+def oom_wrapper(tmp_path, where, failing):
+    """train.py with an out-of-memory in the forward or in the batch's copy, at the calls in `failing` (1-based)."""
+    setup = f"FAILING = {failing!r}\n" + (COPY_OOM if where == "copy" else "")
+    return make_wrapper(tmp_path, forward=FORWARD_OOM if where == "forward" else "", setup=setup)
+
+
+@pytest.mark.parametrize("where", ["forward", "copy"])
+def test_out_of_memory_in_every_step_stops_the_run_naming_the_batch_size(tiny_data, tmp_path, where):
+    wrapper = oom_wrapper(tmp_path, where, range(1, 100))
     result = run(
         ["--data", tiny_data, "--epochs", "3", "--accumulate", "1", "--out", tmp_path / "run", *TINY],
         wrapper=wrapper,
@@ -337,14 +356,9 @@ def test_out_of_memory_in_every_forward_stops_the_run_naming_the_batch_size(tiny
     assert "--batch 4" in (tmp_path / "run/crash/reason.txt").read_text()
 
 
-def test_an_out_of_memory_skips_the_step_and_training_goes_on(tiny_data, tmp_path):
-    wrapper = make_wrapper(
-        tmp_path,
-        forward="""
-        if n == 2:
-            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-    """,
-    )
+@pytest.mark.parametrize("where", ["forward", "copy"])
+def test_an_out_of_memory_skips_the_step_and_training_goes_on(tiny_data, tmp_path, where):
+    wrapper = oom_wrapper(tmp_path, where, [2])
     run(["--data", tiny_data, "--epochs", "2", "--accumulate", "1", "--out", tmp_path / "run", *TINY], wrapper=wrapper)
     rows = list(csv.DictReader(open(tmp_path / "run/results.csv")))
     assert [r["oom_skipped_steps"] for r in rows] == ["1", "0"]
