@@ -454,7 +454,8 @@ for epoch in range(start_epoch, args.epochs):
     if is_main:
         faults["assign_on_cpu"] = loss_fn.assignments_on_cpu - assignments_on_cpu_before  # before the validation's
         metrics = dict.fromkeys(METRICS, float("nan"))
-        if (epoch + 1) % args.val_every == 0 or final_epoch:
+        # --benchmark times training alone: an epoch end inside its span is not validated (the GPU would sit idle)
+        if not args.benchmark and ((epoch + 1) % args.val_every == 0 or final_epoch):
             # only picks best.pt and fills results.csv: fp16 on CUDA, fast_map; the final one below is pycocotools'
             metrics = epoch_metrics(ema.ema, val_loader, nc, device, half=device.type == "cuda", loss_fn=loss_fn)
             if FITNESS[args.fitness](metrics) > best_fitness:

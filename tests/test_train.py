@@ -637,6 +637,10 @@ def test_weights_freeze_multi_scale_and_the_other_run_options(tiny_data, one_epo
 
     result = run(["--data", tiny_data, "--benchmark", "2", "--out", tmp_path / "bench", *TINY])
     assert re.search(r"benchmark: [0-9.]+ images/s", result.stdout)
+    # its 3 + 2 iterations cross the end of epoch 1 (3 batches): training is timed, not a validation
+    row = next(csv.DictReader(open(tmp_path / "bench/results.csv")))
+    assert row["epoch"] == "1" and math.isnan(float(row["mAP50-95"]))
+    assert not (tmp_path / "bench/weights/best.pt").exists()
 
 
 def make_large_objects(root, n_train=16, n_val=8, size=320, seed=0):
