@@ -33,6 +33,9 @@ class Detect(nn.Module):
     box_width: the box branch's width; 0 = the usual rule (16 for n at reg_max 1, 64 with DFL's 16 bins).
     light_box: the box branch's 3x3 convs are depthwise, each followed by a 1x1 (as light_cls).
     reg_max=1 (YOLO26): no DFL, the box branch predicts the 4 distances directly.
+    one2one_reg_max: the one-to-one head's own box bins (its branch then has the usual width for them); 0: a copy
+    of the one-to-many head's. The one-to-many head answers only for NMS, so its box branch can be heavier (DFL)
+    at no cost to the NMS-free answer. A map's bins are read from its channels (4 * bins + nc).
     end2end (YOLO26): a second copy of both branches, the one-to-one head, trained with one positive anchor per
     object on features detached from the network (so its loss does not reshape them; see detach_one2one); in eval
     it alone answers, and its top max_det (anchor, class) scores are the final detections: no NMS. Setting
@@ -47,11 +50,21 @@ class Detect(nn.Module):
     detach_one2one = True
 
     def __init__(
-        self, nc, channels, reg_max=16, light_cls=False, cls_width=0, end2end=False, box_width=0, light_box=False
+        self,
+        nc,
+        channels,
+        reg_max=16,
+        light_cls=False,
+        cls_width=0,
+        end2end=False,
+        box_width=0,
+        light_box=False,
+        one2one_reg_max=0,
     ):
         super().__init__()
         # one_to_one: the architecture (the loss trains both branches); end2end: which one answers in eval
         self.nc, self.reg_max, self.one_to_one, self.end2end = nc, reg_max, end2end, end2end
+        self.one2one_reg_max = one2one_reg_max or reg_max
         self.strides = STRIDES
         box_hidden = box_width or max(16, channels[0] // 4, reg_max * 4)
         cls_hidden = cls_width or max(channels[0], min(nc, 100))
@@ -59,8 +72,16 @@ class Detect(nn.Module):
         self.cls = nn.ModuleList(branch(c, cls_hidden, nc, light_cls) for c in channels)
         if end2end:
             self.one2one_box, self.one2one_cls = copy.deepcopy(self.box), copy.deepcopy(self.cls)
-        self.register_buffer("bins", torch.arange(reg_max, dtype=torch.float32), persistent=False)
+            if one2one_reg_max:
+                hidden = max(16, channels[0] // 4, one2one_reg_max * 4)
+                self.one2one_box = nn.ModuleList(branch(c, hidden, 4 * one2one_reg_max, False) for c in channels)
+        bins = max(reg_max, one2one_reg_max)
+        self.register_buffer("bins", torch.arange(bins, dtype=torch.float32), persistent=False)
         self.init_biases()
+
+    def bins_of(self, maps):
+        """The box bins per side of one head's maps (4 of them per anchor before the nc class logits)."""
+        return (maps[0].shape[1] - self.nc) // 4
 
     def init_biases(self, imgsz=640):
         # Start with a low object prior (~5 objects per image) so early class loss is not swamped by negatives.
@@ -68,7 +89,7 @@ class Detect(nn.Module):
         branches = [(self.box, self.cls)] + ([(self.one2one_box, self.one2one_cls)] if self.one_to_one else [])
         for boxes, classes in branches:
             for box, cls, s in zip(boxes, classes, self.strides):
-                nn.init.constant_(box[-1].bias, 1.0 if self.reg_max > 1 else 2.0)
+                nn.init.constant_(box[-1].bias, 1.0 if box[-1].out_channels > 4 else 2.0)
                 nn.init.constant_(cls[-1].bias, math.log(5 / self.nc / (imgsz / s) ** 2))
 
     return_maps = False  # eval mode: also return the raw maps (the per-epoch validation loss, no second forward)
@@ -101,9 +122,10 @@ class Detect(nn.Module):
         off at 640 and 0.7 px at 1280, enough to move a match across the high IoU thresholds of mAP50-95."""
         with torch.autocast(maps[0].device.type, enabled=False):  # autocast would run the DFL matmul in fp16
             anchors, strides = make_anchors(maps, self.strides)
-            flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2).float()  # batch, anchors, 4*reg_max + nc
-            distri, logits = flat.split((4 * self.reg_max, self.nc), 2)
-            distances = dfl_decode(distri, self.bins) if self.reg_max > 1 else distri
+            flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2).float()  # batch, anchors, 4*bins + nc
+            bins = self.bins_of(maps)
+            distri, logits = flat.split((4 * bins, self.nc), 2)
+            distances = dfl_decode(distri, self.bins[:bins]) if bins > 1 else distri
             boxes = distances_to_boxes(distances, anchors) * strides
             return torch.cat((boxes, logits.sigmoid()), 2)
 

@@ -55,18 +55,29 @@ def test_each_yolo26_variant_changes_only_its_box_branches_and_a_checkpoint_rebu
     both heads (its bins per side, width, depthwise convs), still answering without NMS; val.py, detect.py and
     export.py rebuild it from a checkpoint that names it. A joint variant's one-to-one loss trains the network too,
     the others' leaves it to the one-to-many head."""
-    scale, bins, width, depthwise, joint = VARIANTS[name]
+    scale, bins, width, depthwise, joint, one2one_bins = VARIANTS[name]
     torch.manual_seed(0)
     base, variant = YOLO(scale, nc=3), YOLO(name, nc=3)
     outside_box = lambda m: {k: v.shape for k, v in m.state_dict().items() if "box." not in k}  # noqa: E731
     assert outside_box(variant) == outside_box(base) and variant.head.reg_max == bins
     for boxes in (variant.head.box, variant.head.one2one_box):
+        own = boxes is variant.head.one2one_box and one2one_bins  # the one-to-one head's own: 26n's box branch
+        if own:
+            assert [str(level) for level in boxes] == [str(level) for level in base.head.one2one_box]
+            continue
         assert all(level[-1].in_channels == width and level[-1].out_channels == 4 * bins for level in boxes)
         grouped = [m for m in boxes.modules() if isinstance(m, torch.nn.Conv2d) and m.groups > 1]
         assert len(grouped) == (6 if depthwise else 0)  # two depthwise 3x3 per level
     maps = variant.train()(torch.rand(2, 3, 64, 96))
-    assert [tuple(m.shape) for m in maps["one2one"]] == [(2, 4 * bins + 3, 8, 12), (2, 4 * bins + 3, 4, 6),
-                                                         (2, 4 * bins + 3, 2, 3)]  # fmt: skip
+    o = 4 * (one2one_bins or bins) + 3
+    assert [tuple(m.shape) for m in maps["one2one"]] == [(2, o, 8, 12), (2, o, 4, 6), (2, o, 2, 3)]
+    # each head's loss reads its own bins (26n-aux: DFL one-to-many, L1 one-to-one); the parts are the one-to-one's
+    loss, parts = DetectionLoss(variant.head)(maps, torch.tensor([[0.0, 1, 10, 12, 40, 50], [1, 2, 50, 8, 90, 60]]))
+    assert (
+        torch.isfinite(loss)
+        and (parts > 0).all()
+        and DetectionLoss(variant.head).names[2] == ("dfl" if o > 7 else "l1")
+    )
     sum(m.sum() for m in maps["one2one"]).backward()
     assert (variant.stem.conv.weight.grad is not None) == joint
     ckpt = {"scale": name, "nc": 3, "names": ["a", "b", "c"], "imgsz": 64, "model": variant.state_dict()}

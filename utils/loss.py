@@ -133,7 +133,10 @@ class DetectionLoss:
         epochs=1,
         o2m_final=0.1,
     ):
-        self.nc, self.reg_max, self.strides = head.nc, head.reg_max, head.strides
+        self.nc, self.strides = head.nc, head.strides
+        # the box bins of the branch whose parts are reported: the one-to-one head's where there is one (it may have
+        # its own: Detect's one2one_reg_max); each branch's loss reads its bins from its maps
+        self.reg_max = head.one2one_reg_max if getattr(head, "one_to_one", False) else head.reg_max
         # The loss parts, in the order of `parts` (fp32_loss's `terms`), named here and nowhere else: results.csv's
         # columns (`columns`, `val_columns`), the validation losses, the progress bar and the log all read these. A
         # new term: its name here, its gain below (its flag: utils/hyperparameters.py, handed over by train.py), its
@@ -186,11 +189,12 @@ class DetectionLoss:
         b = maps[0].shape[0]
         topk = topk or self.topk
         flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)  # b, A, 4*reg_max + nc
-        pred_distri, pred_logits = flat.split((4 * self.reg_max, self.nc), 2)
+        reg_max = (flat.shape[-1] - self.nc) // 4  # this branch's box bins per side
+        pred_distri, pred_logits = flat.split((4 * reg_max, self.nc), 2)
         anchors, strides = make_anchors(maps, self.strides)  # grid units, and each anchor's stride
 
-        bins = torch.arange(self.reg_max, device=flat.device, dtype=flat.dtype)
-        pred_distances = dfl_decode(pred_distri, bins) if self.reg_max > 1 else pred_distri
+        bins = torch.arange(reg_max, device=flat.device, dtype=flat.dtype)
+        pred_distances = dfl_decode(pred_distri, bins) if reg_max > 1 else pred_distri
         pred_boxes = distances_to_boxes(pred_distances, anchors)  # grid units
 
         target_boxes, target_scores, fg = self.assign(pred_logits, pred_boxes, anchors, strides, padded, topk, keep)
@@ -201,8 +205,8 @@ class DetectionLoss:
         index, weight, fg = self.foreground(fg, target_scores, padded[0].shape[1] * topk)
         target_grid = take(target_boxes / strides, index)  # to grid units, like the predictions
         loss_box = (self.box_term(take(pred_boxes, index), target_grid, fg) * weight).sum() / score_sum
-        if self.reg_max > 1:
-            distance = self.dfl_term(take(pred_distri, index), target_grid, anchors[index])
+        if reg_max > 1:
+            distance = self.dfl_term(take(pred_distri, index), target_grid, anchors[index], reg_max)
         else:
             grid = maps[0].shape[-2:]
             distance = self.l1_term(take(pred_distri, index), target_grid, anchors[index], strides[index], grid)
@@ -269,11 +273,11 @@ class DetectionLoss:
         unit[2:] = 1  # not new_tensor([0, 0, 1, 1]): a blocking copy from the host, a sync too
         return complete_iou_loss(torch.where(fg, pred_boxes, unit), torch.where(fg, target_boxes, unit))
 
-    def dfl_term(self, pred_distri, target_boxes, anchors):
+    def dfl_term(self, pred_distri, target_boxes, anchors, reg_max):
         """DFL of each gathered anchor (b, k), the mean of its 4 sides: the bins' logits against the target
         distances, clamped just below the last bin (so finite)."""
-        target_distances = boxes_to_distances(target_boxes, anchors, self.reg_max - 1)
-        dfl = self.distribution_focal_loss(pred_distri.view(-1, self.reg_max), target_distances.view(-1))
+        target_distances = boxes_to_distances(target_boxes, anchors, reg_max - 1)
+        dfl = self.distribution_focal_loss(pred_distri.view(-1, reg_max), target_distances.view(-1))
         return dfl.view(pred_distri.shape[0], -1, 4).mean(-1)
 
     def l1_term(self, pred_distances, target_boxes, anchors, strides, grid):
