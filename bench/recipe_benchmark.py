@@ -69,6 +69,7 @@ RUNS = {
     "26n-tiny-box-16": ("ours", ["--model", "26n", "--tiny-box", "16"]),  # Ultralytics' small-target rule, on 26n
     "26n-no-progloss": ("ours", ["--model", "26n", "--o2m-final", "0.8"]),  # constant 0.8 / 0.2 branch weights
     "26n-joint": ("ours", ["--model", "26n-joint"]),  # the one-to-one loss trains the network too (not detached)
+    "26n-aux": ("ours", ["--model", "26n-aux"]),  # 26n-joint beside a one-to-many head with 11n's DFL box branch
     "ours-26n-musgd": ("ours", ["--model", "26n", "--optimizer", "musgd", "--lr0", "0.01"]),
     "peer-26n": ("peer", ["--model", "yolo26n.yaml", "optimizer=AdamW", "lr0=0.002"]),
     "peer-26n-defaults": ("peer", ["--model", "yolo26n.yaml"]),  # optimizer=auto (AdamW here: short runs)
