@@ -50,7 +50,7 @@ VARIANTS = {
     "26n-d32-joint": ("26n", 16, 32, False, True, 0),  # the same network and speed, trained jointly
     "26n-joint": ("26n", 1, 16, False, True, 0),  # 26n itself, trained jointly
     # 26n's network and answer, trained jointly beside a one-to-many head with 11n's DFL box branch, which runs
-    # only in training and for --nms: the NMS-free answer costs what 26n's does
+    # only in training and for --nms: the NMS-free answer costs what 26n's does (and scores as 26n-joint's)
     "26n-aux": ("26n", 16, 64, False, True, 1),
     "26n-d16": ("26n", 16, 16, False, False, 0),  # DFL at 26n's width
     "26n-dw": ("26n", 16, 64, True, False, 0),  # DFL at 11n's width, depthwise (YOLO11's class-branch design)
