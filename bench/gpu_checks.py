@@ -5,7 +5,8 @@
 
 - amp:        2-epoch runs on the shapes set with --amp-dtype bf16 and fp16 (mAP50-95, seconds, skipped steps)
 - oom:        a run whose GPU memory is capped (torch.cuda.set_per_process_memory_fraction) so that every
-              forward runs out of memory: it must stop with the --batch advice, exit 1 and write crash/
+              step runs out of memory (in the batch's copy or the forward): it must stop with the --batch advice,
+              exit 1 and write crash/, with no traceback
 - throughput: train.py --benchmark at 640 px, batch 64, AMP, with the GPU's utilisation sampled by nvidia-smi
               (near 100%: the step is the limit; well below: the loader is)
 - export:     export.py --onnx --half on the fp16 run's best.pt (checked against PyTorch by export.py itself)
