@@ -77,6 +77,7 @@ RUNS = {
     "ours-26n-d32-joint": ("ours", [*RECIPE, "--model", "26n-d32-joint"]),  # the one-to-one loss trains the network
     "ours-26n-joint": ("ours", [*RECIPE, "--model", "26n-joint"]),  # 26n, the same
     "ours-26n-aux": ("ours", [*RECIPE, "--model", "26n-aux"]),  # 26n-joint beside a DFL one-to-many head
+    "ours-26n-joint-o2m08": ("ours", [*RECIPE, "--model", "26n-joint", "--o2m-final", "0.8"]),  # no ProgLoss decay
     "ours-26n-dw": ("ours", [*RECIPE, "--model", "26n-dw"]),  # DFL, 64-wide depthwise box branch (26n's cost)
     "ours-26n-o2m08": ("ours", [*RECIPE, "--model", "26n", "--o2m-final", "0.8"]),  # one-to-many weight kept at 0.8
     # fine-tuning --weights FILE (its architecture, its tensors; the class convolutions are new: 3 classes here)
