@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from models.blocks import Conv
-from utils.boxes import dfl_decode, distances_to_boxes, make_anchors
+from utils.boxes import bins_per_side, dfl_decode, distances_to_boxes, make_anchors
 
 STRIDES = (8, 16, 32)
 
@@ -79,10 +79,6 @@ class Detect(nn.Module):
         self.register_buffer("bins", torch.arange(bins, dtype=torch.float32), persistent=False)
         self.init_biases()
 
-    def bins_of(self, maps):
-        """The box bins per side of one head's maps (4 of them per anchor before the nc class logits)."""
-        return (maps[0].shape[1] - self.nc) // 4
-
     def init_biases(self, imgsz=640):
         # Start with a low object prior (~5 objects per image) so early class loss is not swamped by negatives.
         # Box: equal DFL logits whatever the value; without DFL, boxes 2 cells from the anchor on each side.
@@ -123,7 +119,7 @@ class Detect(nn.Module):
         with torch.autocast(maps[0].device.type, enabled=False):  # autocast would run the DFL matmul in fp16
             anchors, strides = make_anchors(maps, self.strides)
             flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2).float()  # batch, anchors, 4*bins + nc
-            bins = self.bins_of(maps)
+            bins = bins_per_side(flat.shape[-1], self.nc)
             distri, logits = flat.split((4 * bins, self.nc), 2)
             distances = dfl_decode(distri, self.bins[:bins]) if bins > 1 else distri
             boxes = distances_to_boxes(distances, anchors) * strides

@@ -73,12 +73,9 @@ def test_each_yolo26_variant_changes_only_its_box_branches_and_a_checkpoint_rebu
     o = 4 * (one2one_bins or bins) + 3
     assert [tuple(m.shape) for m in maps["one2one"]] == [(2, o, 8, 12), (2, o, 4, 6), (2, o, 2, 3)]
     # each head's loss reads its own bins (26n-aux: DFL one-to-many, L1 one-to-one); the parts are the one-to-one's
-    loss, parts = DetectionLoss(variant.head)(maps, torch.tensor([[0.0, 1, 10, 12, 40, 50], [1, 2, 50, 8, 90, 60]]))
-    assert (
-        torch.isfinite(loss)
-        and (parts > 0).all()
-        and DetectionLoss(variant.head).names[2] == ("dfl" if o > 7 else "l1")
-    )
+    loss_fn = DetectionLoss(variant.head)
+    loss, parts = loss_fn(maps, torch.tensor([[0.0, 1, 10, 12, 40, 50], [1, 2, 50, 8, 90, 60]]))
+    assert torch.isfinite(loss) and (parts > 0).all() and loss_fn.names[2] == ("dfl" if o > 7 else "l1")
     sum(m.sum() for m in maps["one2one"]).backward()
     assert (variant.stem.conv.weight.grad is not None) == joint
     ckpt = {"scale": name, "nc": 3, "names": ["a", "b", "c"], "imgsz": 64, "model": variant.state_dict()}

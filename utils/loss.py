@@ -20,7 +20,14 @@ import torch
 import torch.nn.functional as F
 
 from utils.assigner import TINY_SIDE, assign_targets
-from utils.boxes import boxes_to_distances, complete_iou_loss, dfl_decode, distances_to_boxes, make_anchors
+from utils.boxes import (
+    bins_per_side,
+    boxes_to_distances,
+    complete_iou_loss,
+    dfl_decode,
+    distances_to_boxes,
+    make_anchors,
+)
 
 log = logging.getLogger("yolo")
 
@@ -189,7 +196,7 @@ class DetectionLoss:
         b = maps[0].shape[0]
         topk = topk or self.topk
         flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)  # b, A, 4*reg_max + nc
-        reg_max = (flat.shape[-1] - self.nc) // 4  # this branch's box bins per side
+        reg_max = bins_per_side(flat.shape[-1], self.nc)  # this branch's (YOLO26's heads may differ)
         pred_distri, pred_logits = flat.split((4 * reg_max, self.nc), 2)
         anchors, strides = make_anchors(maps, self.strides)  # grid units, and each anchor's stride
 
