@@ -9,6 +9,11 @@ from slurm_cluster import slurm_cluster  # noqa: F401  a fixture: the local SLUR
 # torch; the train.py runs, the warm interpreter and the SLURM jobs inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# The fixtures several test files share, each defined beside the helpers it goes with (loaded after the line above:
+# they import torch): tiny_data (train_runs.py), data (emulated_runs.py), sets (format_sets.py), log_lines and
+# user_cache_dir (data_helpers.py)
+pytest_plugins = ["train_runs", "emulated_runs", "format_sets", "data_helpers"]
+
 
 @pytest.fixture
 def emulated_gpu(request):
@@ -24,9 +29,9 @@ def emulated_gpu(request):
 def pytest_collection_modifyitems(config, items):
     """Two workers (pytest-xdist, pytest.ini: -n 2 --dist loadgroup) on this 2-core machine, where one worker used
     ~0.9 cores: each test file runs whole on one worker, so its module fixtures (a trained model, an export) are
-    built once; the tests that start a SLURM cluster share a worker, so one cluster runs at a time; test_train.py,
-    the longest file, starts first so that the two workers end together."""
+    built once; the tests that start a SLURM cluster share a worker, so one cluster runs at a time; the
+    test_train_*.py files, the longest, start first so that the two workers end together."""
     for item in items:
         group = "slurm" if "slurm_cluster" in getattr(item, "fixturenames", ()) else item.module.__name__
         item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item.module.__name__ != "test_train")  # stable: the rest keep their order
+    items.sort(key=lambda item: not item.module.__name__.startswith("test_train_"))  # stable: the rest keep their order

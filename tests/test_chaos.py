@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train import REPO, TINY, make_wrapper, run
+from train_runs import REPO, TINY, make_wrapper, run
 
 from bench.chaos import outcome_differences, unreadable_files
 from utils.data.shapes import make_shapes

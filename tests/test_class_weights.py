@@ -1,6 +1,6 @@
 """--cls-weights (issue 26): the weights `auto` computes from the training labels, the parsing of a list, and their
 effect on the class term of the loss. The end-to-end runs (args.yaml, resume, the bad-list sentence) are in
-test_train.py."""
+test_train_resume.py and test_train_faults.py."""
 
 import types
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 import yaml
-from test_train import REPO, TINY
+from train_runs import REPO, TINY
 
 from utils import locks
 from utils.checkpoints.ours import FORMAT, load_checkpoint, save_checkpoint

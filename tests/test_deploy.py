@@ -3,7 +3,7 @@ runs through val.py, detect.py and models/predict.py like the .pt, carries its m
 accuracy gate; a broken export fails the gate in one sentence; a missing OpenVINO is one sentence.
 
 A mAP needs a model that finds something in a labelled set. Training one would take minutes, so the set is
-labelled by the test model itself (the calibrated random model of test_export.py): its detections above 0.3 on
+labelled by the test model itself (the calibrated random model of calibrated_model.py): its detections above 0.3 on
 each image are that image's ground truth. The .pt then scores a high mAP, and an export that moves boxes or scores
 loses some of it, which is what the gate measures.
 """
@@ -21,7 +21,7 @@ import pytest
 import torch
 import warm_python
 import yaml
-from test_export import make_checkpoint, one_thread, scene  # noqa: F401 (one_thread: autouse fixture)
+from calibrated_model import make_checkpoint, one_thread, scene  # noqa: F401 (one_thread: autouse fixture)
 
 import export
 from models.predict import load, predict

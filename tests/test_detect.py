@@ -1,7 +1,7 @@
 """Tests for detect.py: the same detections with .pt, .onnx and .torchscript weights, a folder with
 a corrupt image, a video, the source kinds, the output files, and bad weights.
 
-The test model is the calibrated one of test_export.py (see its docstring: a plain random model
+The test model is the calibrated one of calibrated_model.py (see its docstring: a plain random model
 detects nothing, which would make these comparisons vacuous).
 """
 
@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from test_export import make_checkpoint, one_thread, scene  # noqa: F401 (one_thread: autouse fixture)
+from calibrated_model import make_checkpoint, one_thread, scene  # noqa: F401 (one_thread: autouse fixture)
 
 import detect
 import export

@@ -1,6 +1,6 @@
 """Contracts the GPU path depends on, checked on the CPU (issue 12): the loss in fp32 whatever the
 model's dtype, multi-scale sizes, devices and RNG states on machines with another GPU count, and
-COCO evaluation of dense images. The end-to-end runs (AMP, OOM, NaN, DDP, SIGTERM) are in test_train.py."""
+COCO evaluation of dense images. The end-to-end runs (AMP, OOM, NaN, DDP, SIGTERM) are in test_train_*.py."""
 
 import copy
 import sys

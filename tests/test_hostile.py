@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from data_helpers import png_declaring
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
-from test_faults import png_declaring
 
 from utils.data import labels as L
 from utils.data.annotations import DatasetError

@@ -2,7 +2,7 @@
 detections, the same as detect.py --save-txt writes; .onnx and .torchscript exports give those of the .pt; a list
 gives a list; bad input gets one sentence; nothing found gives empty arrays of the right shapes and types.
 
-The test model is the calibrated one of test_export.py (a random one detects nothing: the comparisons would be
+The test model is the calibrated one of calibrated_model.py (a random one detects nothing: the comparisons would be
 vacuous).
 """
 
@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from test_export import make_checkpoint, one_thread, scene  # noqa: F401 (one_thread: autouse fixture)
+from calibrated_model import make_checkpoint, one_thread, scene  # noqa: F401 (one_thread: autouse fixture)
 
 import detect
 import export

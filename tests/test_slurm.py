@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_train import load, tensors_equal
+from train_runs import load, tensors_equal
 
 from utils import distributed
 from utils.data.shapes import make_shapes

@@ -20,7 +20,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from test_export import make_checkpoint, one_thread  # noqa: F401 (one_thread: autouse fixture)
+from calibrated_model import make_checkpoint, one_thread  # noqa: F401 (one_thread: autouse fixture)
 
 import detect
 from utils import streams

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torchvision
 import yaml
-from test_export import make_checkpoint, scene
+from calibrated_model import make_checkpoint, scene
 
 import detect
 from models.predict import detect_image
@@ -156,7 +156,7 @@ def test_bad_tile_or_overlap_gets_one_sentence(tile, overlap, sentence, weights,
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("weights") / "best.pt")  # 64 px, calibrated (test_export.py)
+    return make_checkpoint(tmp_path_factory.mktemp("weights") / "best.pt")  # 64 px, calibrated (calibrated_model.py)
 
 
 @pytest.fixture(scope="module")

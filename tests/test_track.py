@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from test_export import make_checkpoint, one_thread, scene  # noqa: F401 (one_thread: autouse fixture)
+from calibrated_model import make_checkpoint, one_thread, scene  # noqa: F401 (one_thread: autouse fixture)
 from test_streams import MjpegServer, quick_reconnect  # noqa: F401 (quick_reconnect: a fixture)
 
 import detect

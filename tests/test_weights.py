@@ -6,7 +6,7 @@ import io
 
 import pytest
 import torch
-from test_export import make_checkpoint, one_thread  # noqa: F401 (one_thread: autouse fixture)
+from calibrated_model import make_checkpoint, one_thread  # noqa: F401 (one_thread: autouse fixture)
 from test_ultralytics_checkpoint import (  # noqa: F401 (fake_ultralytics: a fixture)
     fake_ultralytics,
     save_like_ultralytics,

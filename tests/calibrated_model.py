@@ -1,0 +1,80 @@
+"""The calibrated test model (make_checkpoint) and the images it runs on (scene), shared by the export, detect,
+predict, deploy, streams, tracking, tiles and weights tests.
+
+A randomly initialised network gives flat, near-identical scores (its activations shrink layer
+after layer), which would make any comparison of detections vacuous. So the test model gets its
+BatchNorm statistics calibrated on test-like images (as if trained on them) and a zero class bias: scores then spread
+over 0.1..0.9, there are dozens of detections above 0.3, and they differ from image to image.
+"""
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from models.weights import model_from_checkpoint
+from models.yolo import YOLO
+from utils.checkpoints.ours import FORMAT, save_checkpoint
+from utils.inference import preprocess
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = 0.3
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The models here are tiny: on a busy machine, two spinning threads cost far more than they save."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def scene(seed, h=64, w=64):
+    """A uint8 RGB image: noise plus a few filled shapes."""
+    rng = np.random.default_rng(seed)
+    img = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    for _ in range(4):
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        x, y, r = int(rng.integers(0, w)), int(rng.integers(0, h)), int(rng.integers(4, max(h, w) // 3))
+        cv2.rectangle(img, (x - r, y - r), (x + r, y + r), colour, -1) if seed % 2 else cv2.circle(
+            img, (x, y), r, colour, -1
+        )
+    return img
+
+
+def make_checkpoint(path, imgsz=64, scale="n"):
+    torch.manual_seed(0)
+    model = YOLO(scale, nc=3)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None  # cumulative average of the calibration batches
+    model.train()
+    with torch.no_grad():  # at every size the tests use: the statistics of a 2x2 and a 4x3 map differ
+        for k, (h, w) in enumerate([(imgsz, imgsz), (128, 96), (96, 128)]):
+            model(batch_of(range(10 * k, 10 * k + 4), h, w))
+    for branch in [*model.head.cls, *getattr(model.head, "one2one_cls", [])]:
+        torch.nn.init.constant_(branch[-1].bias, 0.0)
+    save_checkpoint(
+        {
+            "format": FORMAT,
+            "scale": scale,
+            "nc": 3,
+            "names": ["ring", "box", "blob"],
+            "imgsz": imgsz,
+            "model": model.state_dict(),
+        },
+        path,
+    )
+    return path
+
+
+def pytorch_model(weights):
+    return model_from_checkpoint(weights).fuse()
+
+
+def batch_of(seeds, h, w):
+    return torch.cat([preprocess(scene(s, h, w), (h, w))[0] for s in seeds])

@@ -1,0 +1,227 @@
+"""Datasets read in their own formats (issue 39): VOC and COCO json give YOLO txt's training targets, other spellings
+and yolo2coco.py's output the same records; refusals name the file and entry; the cache follows XML/json edits."""
+
+import json
+import logging
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import warm_python
+import yaml
+from format_sets import CATEGORY_IDS, NAMES, REPO, TINY, run, voc_xml
+from pycocotools.coco import COCO
+
+from utils.data.dataset_yaml import DatasetError, load_dataset_yaml
+from utils.data.labels import load_verified
+
+pytestmark = pytest.mark.usefixtures("user_cache_dir")  # the label caches in the test's own folder (data_helpers.py)
+
+
+def files_under(folder):
+    return sorted(str(p.relative_to(folder)) for p in Path(folder).rglob("*"))
+
+
+def test_voc_and_coco_json_read_as_the_same_training_targets_as_yolo(sets, caplog):
+    caplog.set_level(logging.INFO, logger="yolo")
+    root, truth = sets
+    before = {f: files_under(root / f) for f in ("voc", "coco")}
+    split_records = {}
+    for fmt in ("yolo", "voc", "coco"):
+        data = load_dataset_yaml(root / f"{fmt}.yaml")
+        assert data["names"] == NAMES, fmt
+        split_records[fmt] = {s: load_verified(data[s], data["nc"], s) for s in ("train", "val")}
+    assert "the classes are the object names of its XML files, sorted" in caplog.text  # voc.yaml has no names
+    for split in ("train", "val"):
+        yolo, voc, coco = (split_records[f][split] for f in ("yolo", "voc", "coco"))
+        assert len(yolo) == len(voc) == len(coco) == sum(k[0] == split for k in truth)
+        for other in (voc, coco):
+            assert [Path(other.path(i)).name for i in range(len(other))] == [
+                Path(yolo.path(i)).name for i in range(len(yolo))
+            ]
+            assert np.array_equal(other.shapes, yolo.shapes) and np.array_equal(other.label_offsets, yolo.label_offsets)
+            assert np.abs(other.labels - yolo.labels).max() < 1e-6
+        assert yolo.ignored is None
+        assert np.array_equal(voc.ignored, coco.ignored) and np.array_equal(voc.ignored_offsets, coco.ignored_offsets)
+        assert len(voc.ignored) == sum(b[5] for k, v in truth.items() if k[0] == split for b in v[2])
+        assert (voc.image_ids == -1).all() and sorted(coco.image_ids) == sorted(set(coco.image_ids))
+    train = split_records["coco"]["train"].labels
+    assert train[:, 1:].min() == 0 and train[:, 1:].max() == 1  # the half pixel outside is clipped
+    assert {f: files_under(root / f) for f in ("voc", "coco")} == before  # nothing written into the dataset
+
+
+def copy_set(sets, fmt, tmp_path):
+    root, _ = sets
+    shutil.copytree(root / fmt, tmp_path / fmt)
+    shutil.copy(root / f"{fmt}.yaml", tmp_path / f"{fmt}.yaml")
+    return tmp_path / fmt, tmp_path / f"{fmt}.yaml"
+
+
+def problems(caplog):
+    return [r.getMessage().strip() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_voc_refusals_name_the_xml_and_the_object(sets, tmp_path, caplog):
+    """Per image, as a bad YOLO label file is: excluded, logged with the XML file and the object, the rest kept."""
+    voc, cfg = copy_set(sets, "voc", tmp_path)
+    stems = (voc / "ImageSets" / "Main" / "val.txt").read_text().split()
+    xml = {stem: voc / "Annotations" / f"{stem}.xml" for stem in stems}
+    xml[stems[0]].write_text(voc_xml("x.jpg", 96, 96, [[0, 5, 5, 20, 20, False]], size=False))
+    w, h = cv2.imread(str(voc / "JPEGImages" / f"{stems[2]}.jpg")).shape[1::-1]
+    xml[stems[2]].write_text(voc_xml("x.jpg", w, h, [[0, 5, 5, 20, 20, False], [1, 5, 5, w + 9, 20, False]]))
+    w3, h3 = cv2.imread(str(voc / "JPEGImages" / f"{stems[3]}.jpg")).shape[1::-1]
+    xml[stems[3]].write_text(voc_xml("x.jpg", w3 + 1, h3, [[0, 5, 5, 20, 20, False]]))
+    caplog.set_level(logging.INFO, logger="yolo")
+    data = load_dataset_yaml(cfg)
+    records = load_verified(data["val"], data["nc"], "val")
+    assert len(records) == len(stems) - 3
+    said = "\n".join(problems(caplog))
+    assert f"{xml[stems[0]]} has no <size> with a positive width and height" in said
+    assert f"{xml[stems[2]]} object 2 ({NAMES[1]}): box (6, 6, {w + 9}, 20) is outside the {w}x{h} image" in said
+    assert f"{xml[stems[3]]}: <size> says {w3 + 1}x{h3} but the image is {w3}x{h3}" in said
+    # a class the yaml's names leave out: that image is excluded, by name
+    cfg.write_text(f"voc: voc\nnames: {NAMES[1:]}\n")
+    data = load_dataset_yaml(cfg)
+    caplog.clear()
+    records = load_verified(data["train"], data["nc"], "train")
+    said = "\n".join(problems(caplog))
+    assert re.search(rf"Annotations/train_\d+\.xml object \d+ \({NAMES[0]}\): class '{NAMES[0]}' is not one of", said)
+
+
+def test_coco_json_refusals_name_the_json_and_the_annotation(sets, tmp_path, caplog):
+    coco, cfg = copy_set(sets, "coco", tmp_path)
+    path = coco / "annotations" / "instances_val.json"
+    original = json.loads(path.read_text())
+    bad = json.loads(path.read_text())
+    image = bad["images"][0]
+    w, h = image["width"], image["height"]
+    bad["annotations"] += [
+        {"id": 7001, "image_id": image["id"], "category_id": CATEGORY_IDS[0], "bbox": [-0.5, 10, w + 1, 20]},
+        {"id": 7002, "image_id": bad["images"][2]["id"], "category_id": CATEGORY_IDS[0], "bbox": [10, 10, 10, 96]},
+    ]
+    path.write_text(json.dumps(bad))
+    caplog.set_level(logging.INFO, logger="yolo")
+    data = load_dataset_yaml(cfg)
+    records = load_verified(data["val"], data["nc"], "val")
+    assert len(records) == len(bad["images"]) - 1
+    w2, h2 = bad["images"][2]["width"], bad["images"][2]["height"]
+    assert f"{path} annotation 7002: box (10, 10, 20, 106) is outside the {w2}x{h2} image" in "\n".join(
+        problems(caplog)
+    )
+    first = [i for i in range(len(records)) if records.image_ids[i] == image["id"]][0]
+    assert records.labels_of(first)[-1, 1:].tolist() == pytest.approx([0, 10 / h, 1, 30 / h])  # clipped: 0.5 px out
+    for change, said in [
+        ({"image_id": 999}, f"{path}: annotation 7003 has image_id 999, which names no image"),
+        ({"category_id": 5}, f"{path}: annotation 7003 has category_id 5, which is not one of its categories"),
+    ]:
+        annotation = {"id": 7003, "image_id": image["id"], "category_id": CATEGORY_IDS[1], "bbox": [1, 1, 5, 5]}
+        path.write_text(json.dumps(dict(original, annotations=original["annotations"] + [dict(annotation, **change)])))
+        with pytest.raises(DatasetError) as error:
+            load_verified(load_dataset_yaml(cfg)["val"], data["nc"], "val")
+        assert str(error.value) == said
+    # and as the user sees it: one sentence, no traceback
+    result = warm_python.run([sys.executable, "train.py", "--data", str(cfg), "--epochs", "1", *TINY], REPO)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"error: {said}"
+
+
+def test_a_format_not_read_says_which_are(sets, tmp_path):
+    (tmp_path / "boxes.csv").write_text("image,x1,y1,x2,y2\n")
+    (tmp_path / "d.yaml").write_text(f"path: .\ntrain: boxes.csv\nval: boxes.csv\nnames: {NAMES}\n")
+    data = load_dataset_yaml(tmp_path / "d.yaml")
+    with pytest.raises(
+        DatasetError, match="boxes.csv is neither .*; the formats read are YOLO txt .*Pascal VOC .*COCO json"
+    ):
+        load_verified(data["train"], data["nc"], "train")
+
+
+def test_the_cache_is_rebuilt_when_an_xml_or_the_json_changes(sets, tmp_path, caplog, user_cache_dir):
+    caplog.set_level(logging.INFO, logger="yolo")
+    for fmt in ("voc", "coco"):
+        folder, cfg = copy_set(sets, fmt, tmp_path)
+        data = load_dataset_yaml(cfg)
+        first = load_verified(data["val"], data["nc"], "val")
+        caplog.clear()
+        assert load_verified(data["val"], data["nc"], "val") == first and "(from the cache)" in caplog.text
+        if fmt == "voc":
+            stem = (folder / "ImageSets" / "Main" / "val.txt").read_text().split()[0]
+            xml = folder / "Annotations" / f"{stem}.xml"
+            xml.write_text(xml.read_text().replace("<difficult>0</difficult>", "<difficult>1</difficult>", 1))
+        else:
+            path = folder / "annotations" / "instances_val.json"
+            coco = json.loads(path.read_text())
+            coco["annotations"][0]["iscrowd"] = 1
+            path.write_text(json.dumps(coco))
+        caplog.clear()
+        again = load_verified(data["val"], data["nc"], "val")
+        assert "(from the cache)" not in caplog.text and len(again.labels) == len(first.labels) - 1
+        assert len(again.ignored) == len(first.ignored) + 1
+    assert {p.suffix for p in user_cache_dir.iterdir()} >= {".npz", ".log"}  # ours, not the dataset's
+
+
+def test_yolo2coco_writes_what_reads_back_as_the_same_records(sets, tmp_path):
+    """data/yolo2coco.py (any format a yaml reads -> COCO json): read back as a COCO json set, the same records;
+    from VOC, the difficult boxes come out as crowds."""
+    root, _ = sets
+    for fmt in ("yolo", "voc"):
+        out = tmp_path / f"{fmt}.json"
+        given = ["--data", root / f"{fmt}.yaml", "--split", "val"]
+        if fmt == "yolo":  # the images and the names alone
+            given = ["--images", root / "yolo" / "images" / "val", "--names", *NAMES]
+        run([REPO / "data" / "yolo2coco.py", *given, "--out", out])
+        categories = json.loads(out.read_text())["categories"]
+        assert [c["name"] for c in sorted(categories, key=lambda c: c["id"])] == NAMES
+        assert len(COCO(str(out)).getAnnIds()) > 0  # what evaluation uses reads it
+        data = load_dataset_yaml(root / f"{fmt}.yaml")
+        records = load_verified(data["val"], data["nc"], "val")
+        images = Path(records.path(0)).parent
+        back = tmp_path / f"back_{fmt}.yaml"
+        back.write_text(
+            yaml.safe_dump(
+                {"train": {"images": str(images), "json": str(out)}, "val": {"images": str(images), "json": str(out)}}
+            )
+        )
+        again = load_verified(load_dataset_yaml(back)["val"], data["nc"], "val")
+        assert np.abs(again.labels - records.labels).max() < 1e-4 and np.array_equal(again.shapes, records.shapes)
+        crowds = sum(a["iscrowd"] for a in json.loads(out.read_text())["annotations"])
+        assert crowds == (len(records.ignored) if fmt == "voc" else 0)
+
+
+def test_other_spellings_read_the_same_records(sets, tmp_path):
+    """An ImageSets .txt under `path:` (no `voc:` key), a folder of images with their .xml beside (Roboflow's and
+    LabelImg's VOC), a COCO json named alone with its images beside it (Roboflow's COCO), bare image-set names."""
+    root, _ = sets
+    flat = tmp_path / "flat"
+    for (split, image), _ in sets[1].items():
+        (flat / split).mkdir(parents=True, exist_ok=True)
+        shutil.copy(image, flat / split / image.name)
+        shutil.copy(root / "voc" / "Annotations" / f"{image.stem}.xml", flat / split / f"{image.stem}.xml")
+    shutil.copy(root / "coco" / "annotations" / "instances_val.json", flat / "val" / "_annotations.coco.json")
+    spellings = {
+        "imageset": f"path: {root / 'voc'}\ntrain: ImageSets/Main/train.txt\nval: ImageSets/Main/val.txt\n",
+        "names": f"voc: {root / 'voc'}\ntrain: train\nval: val\nnames: {NAMES}\n",
+        "beside": f"voc: {flat}\ntrain: train\nval: val\n",
+        "json": f"path: {flat}\ntrain: val/_annotations.coco.json\nval: val/_annotations.coco.json\n",
+    }
+    want = load_verified(load_dataset_yaml(root / "voc.yaml")["val"], len(NAMES), "val")
+    for name, text in spellings.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+        data = load_dataset_yaml(tmp_path / f"{name}.yaml")
+        got = load_verified(data["val"], data["nc"], "val")
+        assert data["names"] == NAMES and np.array_equal(got.labels, want.labels), name
+        assert np.array_equal(got.ignored, want.ignored), name
+
+
+@pytest.mark.parametrize(
+    "command, new",
+    [(["-m", "utils.shapes", "--style", "crowd"], "python -m utils.data.shapes --style crowd"),
+     (["data/coco2yolo.py", "instances_train2017.json"], "json: annotations/instances_train2017.json")],
+)  # fmt: skip
+def test_old_commands_name_the_new_spelling_in_one_sentence(command, new):
+    result = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and new in result.stderr and len(result.stderr.strip().splitlines()) == 1
