@@ -60,7 +60,7 @@ from utils.general import seed_everything, setup_logging, write_run_file
 from utils.hyperparameters import HYP  # the learning-rate, loss and augmentation defaults: one table, each a flag
 from utils.loss import DetectionLoss, resolve_class_weights
 from utils.optim import accumulation_windows, build_optimizer, load_optimizer_state, optimizer_step, set_learning_rate
-from utils.plots import in_background, plot_batch, plot_evaluation, plot_labels, plot_results
+from utils.plots import LatestOnly, in_background, plot_batch, plot_evaluation, plot_labels, plot_results
 
 MAX_NONFINITE_STEPS = 5  # optimizer steps in a row with NaN/Inf gradients before the run stops and writes crash/
 MAX_OOM_STEPS = 3  # optimizer steps in a row lost to out-of-memory before the run stops (--batch is too large)
@@ -300,7 +300,7 @@ log.info(
     monitor.run_summary(network, images, args, accumulate, f"{device}", world_size, amp_name, names, class_weights)
 )
 stop_request = StopRequest()  # SIGTERM / Ctrl+C: save last.pt after this step, exit 0
-results_csv = run_dir / "results.csv"
+results_csv, draw_results = run_dir / "results.csv", LatestOnly(plot_results)  # results.png, off the loop
 if is_main:  # a resumed run keeps its rows up to its last save (a killed run may have written more)
     monitor.start_results_csv(results_csv, COLUMNS, start_epoch if resume_ckpt else None)
 tensorboard = monitor.open_tensorboard(run_dir) if is_main else None
@@ -469,7 +469,7 @@ for epoch in range(start_epoch, args.epochs):
         seconds = time.time() - epoch_start  # one figure for results.csv and the log line
         row = [epoch + 1, *losses, *(metrics[k] for k in METRICS), lr, seconds, *faults.values()]
         monitor.append_results_row(results_csv, row)
-        plot_results(results_csv, run_dir / "results.png")
+        draw_results(results_csv, run_dir / "results.png")
         monitor.log_epoch(tensorboard, mlflow_run, dict(zip(COLUMNS[1:], row[1:])), epoch + 1)
         log.info(monitor.epoch_line(epoch + 1, args.epochs, loss_fn.names, losses, metrics, seconds, faults))
         save_last(epoch + 1, 0)

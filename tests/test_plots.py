@@ -1,16 +1,21 @@
 """utils/plots.py: the pictures a user looks at (batch mosaics, labels.jpg, F1/P/R curves) are
 written, decode, and show what they claim to show. Tiny inputs, CPU, a few seconds."""
 
+import logging
+import threading
+
 import cv2
 import numpy as np
 import torch
 
 from utils.plots import (
+    LatestOnly,
     colour,
     in_background,
     plot_batch,
     plot_confidence_curves,
     plot_labels,
+    plot_results,
 )
 
 NAMES = ["circle", "square", "triangle", "star", "cross", "hexagon"]
@@ -122,3 +127,44 @@ def test_in_background_runs_in_a_thread_that_writes_the_file(tmp_path):
     thread.join(timeout=60)
     assert not thread.daemon and not thread.is_alive()  # the interpreter waits for it at exit
     read(tmp_path / "labels.jpg")
+
+
+def finish(draw):
+    thread = draw.thread  # None once it has drawn the newest call
+    if thread:
+        thread.join(60)
+
+
+def test_results_png_is_drawn_off_the_loop_and_ends_with_the_last_epoch(tmp_path, caplog):
+    """train.py redraws results.png after each epoch through LatestOnly: a call returns at once, calls made while
+    one draws collapse into the newest, and the file ends with the last row; an error is one warning, not a stop."""
+    started, release, drawn = threading.Event(), threading.Event(), []
+
+    def slow(*args):
+        started.set()
+        release.wait(30)
+        drawn.append(args)
+
+    draw = LatestOnly(slow)
+    draw(1)
+    assert started.wait(30)
+    draw(2), draw(3), draw(4)  # while 1 draws: only the newest waits
+    release.set()
+    finish(draw)
+    assert drawn == [(1,), (4,)] and draw.thread is None
+
+    csv_path, png = tmp_path / "results.csv", tmp_path / "results.png"
+    csv_path.write_text("epoch,box_loss,mAP50\n1,0.5,0.1\n2,0.4,")  # the loop is writing row 2
+    draw = LatestOnly(plot_results)
+    draw(csv_path, png)
+    finish(draw)
+    assert read(png).shape[0] > 100  # drawn from the complete row
+    with caplog.at_level(logging.WARNING, logger="yolo"):
+        draw(tmp_path / "missing.csv", png)
+        finish(draw)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"plot_results: [Errno 2] No such file or directory: '{tmp_path / 'missing.csv'}'"
+    ]
+    draw(csv_path, png)  # still draws after an error
+    finish(draw)
+    assert draw.thread is None

@@ -41,8 +41,8 @@ def save_image_file(path, write):
 
 def plot_results(csv_path, out_path):
     """One panel per column of results.csv, against the epoch."""
-    with open(csv_path) as f:
-        rows = list(csv.DictReader(f))
+    with open(csv_path) as f:  # a row the loop is appending while this draws in the background: left out
+        rows = [row for row in csv.DictReader(f) if all(row.values())]
     if not rows:
         return
     columns = [c for c in rows[0] if c not in ("epoch", "seconds")]
@@ -335,6 +335,36 @@ def in_background(function, *args, **kwargs):
     )
     thread.start()
     return thread
+
+
+class LatestOnly:
+    """Calls function(*args) in one background thread at a time, always with the newest arguments: a call made while
+    it runs replaces any call still waiting. results.png is redrawn after every epoch, and a drawing takes about a
+    second: on a GPU that trains a small set's epoch in one, the loop would wait as long for it as it trains. With
+    this it never waits, and the file still ends with the last epoch. An error is one warning, and the next call
+    draws again."""
+
+    def __init__(self, function):
+        self.function, self.waiting, self.thread = function, None, None
+        self.lock = threading.Lock()
+
+    def __call__(self, *args):
+        with self.lock:
+            self.waiting = args
+            if self.thread is None:
+                self.thread = in_background(self._run)
+
+    def _run(self):
+        while True:
+            with self.lock:
+                args, self.waiting = self.waiting, None
+                if args is None:
+                    self.thread = None
+                    return
+            try:
+                self.function(*args)
+            except Exception as e:  # a chart is not worth a run, nor the charts after it
+                logging.getLogger("yolo").warning(f"{getattr(self.function, '__name__', 'a plot')}: {e}")
 
 
 @torch.no_grad()
