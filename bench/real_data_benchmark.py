@@ -68,6 +68,7 @@ RUNS = {
     "ours-11n-defaults": ("ours", ["--model", "11n"]),
     "peer-11n-defaults": ("peer", ["--model", "yolo11n.yaml"]),
     "ours-n-clsw": ("ours", [*RECIPE, "--cls-weights", "auto"]),  # the rare class (platelets) weighted up
+    "ours-n-nb16": ("ours", [*RECIPE, "--nominal-batch", "16"]),  # an optimizer step per batch: 4x the updates
     # NMS-free (YOLO26n and variants that change its box branch): scored as they answer and again with --nms
     "ours-26n": ("ours", [*RECIPE, "--model", "26n"]),
     "ours-26n-dfl": ("ours", [*RECIPE, "--model", "26n", "--reg-max", "16"]),  # DFL and 11n's 64-wide box branch
@@ -99,6 +100,11 @@ RUNS = {
                               "--warmup-bias-lr", "0"]),
     "ours-ft-lr143": ("ours", ["--model", "{weights}", "--lr0", "0.00143"]),  # its rate alone
     "ours-ft-bias0": ("ours", ["--model", "{weights}", "--warmup-bias-lr", "0"]),  # its bias warmup alone
+    # an EMA that averages a short run's last updates (the usual ramp to 0.9999 over 2000 updates keeps a 10-epoch
+    # fine-tune's 62 updates almost unaveraged), and a milder scale jitter
+    "ours-ft-ema90": ("ours", ["--model", "{weights}", "--ema-decay", "0.9", "--ema-tau", "5"]),
+    "ours-ft-ema95": ("ours", ["--model", "{weights}", "--ema-decay", "0.95", "--ema-tau", "5"]),
+    "ours-ft-scale25": ("ours", ["--model", "{weights}", "--scale", "0.25"]),
 }  # fmt: skip
 PAIRS = [("ours-n", "peer-v8n"), ("ours-11n", "peer-11n"), ("ours-n-defaults", "peer-v8n-defaults")]
 PAIRS += [("ours-11n-defaults", "peer-11n-defaults"), ("ours-ft", "peer-ft"), ("ours-ft", "peer-ft-same")]
