@@ -61,6 +61,7 @@ BACKBONE = "stem,down2,stage2,down3,stage3,down4,stage4,down5,stage5,sppf"  # --
 RUNS = {
     "ours-n": ("ours", RECIPE),
     "peer-v8n": ("peer", SAME),
+    "peer-v8n-nbs16": ("peer", [*SAME, "nbs=16"]),  # Ultralytics with an optimizer step per batch too
     "ours-11n": ("ours", [*RECIPE, "--model", "11n"]),
     "peer-11n": ("peer", ["--model", "yolo11n.yaml", *SAME]),
     "ours-n-defaults": ("ours", []),
@@ -69,6 +70,7 @@ RUNS = {
     "peer-11n-defaults": ("peer", ["--model", "yolo11n.yaml"]),
     "ours-n-clsw": ("ours", [*RECIPE, "--cls-weights", "auto"]),  # the rare class (platelets) weighted up
     "ours-n-nb16": ("ours", [*RECIPE, "--nominal-batch", "16"]),  # an optimizer step per batch: 4x the updates
+    "ours-n-nb64": ("ours", [*RECIPE, "--nominal-batch", "64"]),  # a step per 64 images (the old default)
     # NMS-free (YOLO26n and variants that change its box branch): scored as they answer and again with --nms
     "ours-26n": ("ours", [*RECIPE, "--model", "26n"]),
     "ours-26n-dfl": ("ours", [*RECIPE, "--model", "26n", "--reg-max", "16"]),  # DFL and 11n's 64-wide box branch

@@ -55,6 +55,7 @@ RUNS = {
     # ablations: one difference from Ultralytics at a time, each is what Ultralytics does
     "no-ramp": ("ours", ["--accumulate-warmup", "0"]),  # accumulate 4 from the first step
     "bias-capped": ("ours", ["--warmup-bias-lr", "0.002"]),  # AdamW bias warmup capped at lr0 (the old default)
+    "nb64": ("ours", ["--nominal-batch", "64"]),  # AdamW steps after 64 images, accumulated (the old default)
     "lr-nc": ("ours", ["--lr0", "{lr_nc}"]),  # Ultralytics' optimizer=auto rate: 0.002 * 5 / (4 + nc)
     "tiny-box-16": ("ours", ["--tiny-box", "16"]),  # assigner counts sides under 16 px as 16 (Ultralytics'), not 8.5
     "mosaic-keep-cut": ("ours", ["--mosaic-min-area", "0"]),  # mosaic keeps boxes cut to under 10% of their area
