@@ -100,7 +100,7 @@ add("--fitness", default="map", choices=FITNESS, help="picks best.pt: mAP50-95, 
 add("--cache", nargs="?", const="ram", default="", choices=["", "ram"], help="keep decoded images in RAM")
 add("--multi-scale", action="store_true", help="vary the image size +/-50%% per iteration")
 add("--sync-bn", action="store_true", help="SyncBatchNorm across GPUs (DDP)")
-add("--accumulate", type=int, default=0, help="micro-batches per optimizer step; 0 = reach nominal_batch")
+add("--accumulate", type=int, default=0, help="micro-batches per optimizer step; 0 = reach --nominal-batch")
 add("--amp", action=argparse.BooleanOptionalAction, default=None, help="mixed precision (default: on for CUDA)")
 add("--amp-dtype", default="auto", choices=["auto", "bf16", "fp16"], help="auto: bf16 where native, else fp16")
 add("--freeze", default="", help="comma-separated parameter-name prefixes to freeze, e.g. stem,down2,stage2")
@@ -189,14 +189,14 @@ if args.batch == -1:  # measured on the GPU with a model of this run's size (uti
 if args.batch < 1 or args.batch % world_size:
     sys.exit(f"--batch {args.batch} must be positive and divisible by the {world_size} processes, or -1 (measured)")
 batch = args.batch // world_size  # --batch is the total over all GPUs
-accumulate = args.accumulate or max(round(args.nominal_batch / args.batch), 1)
-weight_decay = args.weight_decay * args.batch * accumulate / args.nominal_batch
-try:  # auto: adamw for short runs, sgd for long ones; lr0 0: the optimizer's usual rate
-    args.optimizer, args.lr0 = settings.resolve_optimizer(
-        args.optimizer, args.lr0, args.epochs * math.ceil(len(train_records) / args.batch), sources
+try:  # auto: adamw for short runs, sgd for long ones; lr0 and nominal_batch 0: the optimizer's usual values
+    args.optimizer, args.lr0, args.nominal_batch = settings.resolve_optimizer(
+        args, args.epochs * math.ceil(len(train_records) / args.batch), sources
     )
 except ValueError as e:
     sys.exit(str(e))
+accumulate = args.accumulate or max(round(args.nominal_batch / args.batch), 1)
+weight_decay = args.weight_decay * args.batch * accumulate / args.nominal_batch
 if is_main:  # every setting as this run resolved it, and where it came from when not --help's default
     log.info(settings.sources_line(parser, args, sources))
     write_run_file(run_dir / "args.yaml", settings.args_yaml(parser, args, sources))

@@ -6,8 +6,8 @@ import numpy as np
 import torch
 
 SHARE = 0.6  # of the free GPU memory: room for more boxes per image, fragmentation, the validation pass
-# At most this many images per GPU: lr0 and the warmup are tuned for steps of ~64 images (nominal_batch), and the
-# weight decay grows with the batch; thousands of small images would fit an 80 GB GPU and train in a few huge steps.
+# At most this many images per GPU: lr0 and the warmup are tuned for steps of 16 to 64 images (--nominal-batch), and
+# the weight decay grows with the batch; thousands of small images would fit an 80 GB GPU and train in a few huge steps.
 MAX_BATCH = 256
 log = logging.getLogger("yolo")
 

@@ -133,7 +133,7 @@ def run_summary(network, images, args, accumulate, device, world_size, amp, name
     """The one line a run starts with: the network, the data, the schedule, the optimizer, where it runs, the AMP
     dtype (empty: off), the loader, and the class weights when there are any."""
     schedule = f"{args.epochs} epochs at {args.imgsz} px, batch {args.batch} x accumulate {accumulate}"
-    if args.accumulate_warmup:
+    if args.accumulate_warmup and accumulate > 1:
         schedule += " (from 1 over the warmup)"
     parts = [network, images, schedule, f"{args.optimizer} lr0 {args.lr0}"]
     parts.append(f"{device} x {world_size} processes" if world_size > 1 else device)
