@@ -24,7 +24,9 @@ repo's own metric is compared (each result.json keeps it as "own" for a cross-ch
 epoch (no validation between epochs on either side, as in bench/recipe_benchmark.py, whose train_command runs both).
 
 Runs: "ours-*" / "peer-*" under the same recipe (AdamW lr0 0.002; batch, imgsz, epochs as given; warmup 3 epochs,
-nominal batch 64, mosaic closed for the last 10 epochs and EMA are both repos' defaults); "*-defaults": each repo's
+mosaic closed for the last 10 epochs and EMA are both repos' defaults; Ultralytics accumulates to 64 images per step,
+our AdamW steps after every batch: --ours-args "--nominal-batch 64" gives the cells of ours the settings of the
+figures measured before 2026-11-26, a run's own flags still winning); "*-defaults": each repo's
 own choice at that imgsz, batch and epochs (ours: --optimizer auto = AdamW 0.002 below 10k iterations, the same as
 the recipe; Ultralytics: optimizer=auto = AdamW at 0.002 * 5 / (4 + nc)). Ultralytics runs in its own venv
 (bench/peer_env.sh DIR; --peer-python DIR/bin/python or PEER_PYTHON).
@@ -38,6 +40,7 @@ Results: OUT/<run>/<imgsz>px/e<epochs>/s<seed>/result.json; the table in OUT/tab
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -203,6 +206,7 @@ def score(gt_path, named_detections, names):
 def run_cell(run, data, epochs, seed, cell, args):
     repo, flags = RUNS[run]
     extra = [a.format(weights=args.weights) for a in flags]
+    extra = [*args.ours_args, *extra] if repo == "ours" else extra
     data_yaml = data["voc_yaml"] if repo == "ours" else data["yolo_yaml"]
     imgsz, batch = args.imgsz, args.batch
     command = train_command(repo, extra, data_yaml, epochs, seed, cell, args.peer_python, imgsz, batch, args.device)
@@ -297,6 +301,7 @@ def main():
     parser.add_argument("--device", default="cpu", help="cpu or a GPU index; fp32 on both sides either way")
     parser.add_argument("--jobs", type=int, default=1, help="cells at once (on a GPU: several share it)")
     parser.add_argument("--table", action="store_true", help="only print the table of the cells run so far")
+    parser.add_argument("--ours-args", type=shlex.split, default=[], help="train.py flags added to every cell of ours")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     if not args.table:

@@ -10,13 +10,15 @@ generated datasets, at several seeds and epoch budgets, both scored by pycocotoo
     # YOLO26 cells trained before both of its modes were scored: score the missing one (no training)
     python bench/recipe_benchmark.py --rescore
 
-The recipe: from scratch, 320 px, batch 16, AdamW lr0 0.002, CPU, fp32, everything else at each repo's defaults
-(warmup 3 epochs, nominal batch 64, mosaic closed for the last 10 epochs, EMA). Each cell is scored once, on the
-weights after its last epoch (per-epoch validation is off on both sides: it changes nothing but the time), by
-utils/evaluate.coco_map, i.e. pycocotools: this repo's numbers come from train.py's metrics.json, Ultralytics'
-from its saved predictions through bench/score_detections.py. YOLO26 cells are scored in both of its modes: the
-NMS-free one-to-one head (the row under the run's name; our default, Ultralytics' nms=False) and the one-to-many head
-+ NMS (the "+NMS" row; Ultralytics' default in 8.4, our val.py --nms). Datasets (generated here, never used for tuning):
+The recipe: from scratch, 320 px, batch 16, AdamW lr0 0.002, CPU, fp32, everything else at each repo's defaults (warmup
+3 epochs, mosaic closed for the last 10 epochs, EMA; Ultralytics accumulates gradients to 64 images per step, this
+repo's AdamW steps after every batch). --ours-args "--nominal-batch 64" gives every cell of ours the settings figures
+measured before 2026-11-26 had (AdamW then accumulated too); a run's own flags still win. Each cell is scored once, on
+the weights after its last epoch (per-epoch validation is off on both sides: it changes nothing but the time), by
+utils/evaluate.coco_map, i.e. pycocotools: this repo's numbers come from train.py's metrics.json, Ultralytics' from its
+saved predictions through bench/score_detections.py. YOLO26 cells are scored in both of its modes: the NMS-free one-to-
+one head (the row under the run's name; our default, Ultralytics' nms=False) and the one-to-many head + NMS (the "+NMS"
+row; Ultralytics' default in 8.4, our val.py --nms). Datasets (generated here, never used for tuning):
   shapes  make_shapes(seed 7, 300 train / 100 val, 320 px): 1-12 objects of 6 outline classes, 6-107 px
   crowd   make_shapes(style crowd, seed 11, 300 / 100, 320 px): 15-60 rings, crescents, arrows, bars and tees,
           6-24 px across
@@ -29,6 +31,7 @@ OUT/table.md. A cell whose result.json exists is skipped, so the command can be 
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -100,11 +103,11 @@ def train_command(repo, extra, data_yaml, epochs, seed, cell, peer_python, imgsz
     return command + [*(["--model", *model] if model else []), "--set", "val=False", *extra[2 if model else 0 :]]
 
 
-def run_cell(run, data_yaml, nc, epochs, seed, cell, peer_python):
+def run_cell(run, data_yaml, nc, epochs, seed, cell, peer_python, ours_args=()):
     repo, extra = RUNS[run]
     extra = [a.format(lr_nc=round(0.002 * 5 / (4 + nc), 6)) for a in extra]
     command = train_command(
-        repo, [*RECIPE, *extra] if repo == "ours" else extra, data_yaml, epochs, seed, cell, peer_python
+        repo, [*RECIPE, *ours_args, *extra] if repo == "ours" else extra, data_yaml, epochs, seed, cell, peer_python
     )
     start = time.perf_counter()
     run_logged(command, cell / "log.txt")
@@ -208,6 +211,7 @@ def main():
     parser.add_argument("--out", default=str(REPO / "runs" / "recipe"))
     parser.add_argument("--peer-python", help="the python of bench/peer_env.sh DIR (default: $PEER_PYTHON)")
     parser.add_argument("--table", action="store_true", help="only print the table of the cells run so far")
+    parser.add_argument("--ours-args", type=shlex.split, default=[], help="train.py flags added to every cell of ours")
     parser.add_argument(
         "--rescore", action="store_true", help="only score the YOLO26 cells run before both of its modes were scored"
     )
@@ -235,7 +239,7 @@ def main():
                         if (cell / "result.json").exists():
                             continue
                         cell.mkdir(parents=True, exist_ok=True)
-                        result = run_cell(run, *data[dataset], epochs, seed, cell, args.peer_python)
+                        result = run_cell(run, *data[dataset], epochs, seed, cell, args.peer_python, args.ours_args)
                         print(
                             f"{dataset} {run} {epochs} epochs seed {seed}: mAP50-95 {result['mAP50-95']:.4f} "
                             f"mAP50 {result['mAP50']:.4f} ({result['seconds']:.0f} s)",
