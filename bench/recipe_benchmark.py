@@ -16,9 +16,9 @@ repo's AdamW steps after every batch). --ours-args "--nominal-batch 64" gives ev
 measured before 2026-11-26 had (AdamW then accumulated too); a run's own flags still win. Each cell is scored once, on
 the weights after its last epoch (per-epoch validation is off on both sides: it changes nothing but the time), by
 utils/evaluate.coco_map, i.e. pycocotools: this repo's numbers come from train.py's metrics.json, Ultralytics' from its
-saved predictions through bench/score_detections.py. YOLO26 cells are scored in both of its modes: the NMS-free one-to-
-one head (the row under the run's name; our default, Ultralytics' nms=False) and the one-to-many head + NMS (the "+NMS"
-row; Ultralytics' default in 8.4, our val.py --nms). Datasets (generated here, never used for tuning):
+saved predictions through bench/score_detections.py. YOLO26 cells are scored in both of its modes: the NMS-free
+one-to-one head (the row under the run's name; our default, Ultralytics' nms=False) and the one-to-many head + NMS (the
+"+NMS" row; Ultralytics' default in 8.4, our val.py --nms). Datasets (generated here, never used for tuning):
   shapes  make_shapes(seed 7, 300 train / 100 val, 320 px): 1-12 objects of 6 outline classes, 6-107 px
   crowd   make_shapes(style crowd, seed 11, 300 / 100, 320 px): 15-60 rings, crescents, arrows, bars and tees,
           6-24 px across
