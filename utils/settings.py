@@ -133,7 +133,7 @@ def resolve_optimizer(args, iterations, sources):
     counts optimizer steps (batches of max(batch, nominal_batch)), this counts batches: SGD from 4x shorter runs at
     batch 16 (unmeasured; see bench/RESULTS.md). nominal_batch 0: 64 images per step for SGD and MuSGD (YOLOv5's
     and Ultralytics' value, with their rates), a step per batch for AdamW: its short runs on a few hundred images
-    have few steps to spare (BCCD from scratch, 20 epochs: 0.554 against 0.468 with 64; bench/RESULTS.md).
+    have few steps to spare (BCCD from scratch, 20 epochs: 0.558 against 0.466 with 64; bench/RESULTS.md).
     ValueError for an optimizer not offered."""
     optimizer, lr0, nominal_batch = args.optimizer, args.lr0, args.nominal_batch
     if optimizer == "auto":
