@@ -72,7 +72,6 @@ RUNS = {
     "ours-11n-defaults": ("ours", ["--model", "11n"]),
     "peer-11n-defaults": ("peer", ["--model", "yolo11n.yaml"]),
     "ours-n-clsw": ("ours", [*RECIPE, "--cls-weights", "auto"]),  # the rare class (platelets) weighted up
-    "ours-n-nb16": ("ours", [*RECIPE, "--nominal-batch", "16"]),  # an optimizer step per batch: 4x the updates
     "ours-n-nb64": ("ours", [*RECIPE, "--nominal-batch", "64"]),  # a step per 64 images (the old default)
     # NMS-free (YOLO26n and variants that change its box branch): scored as they answer and again with --nms
     "ours-26n": ("ours", [*RECIPE, "--model", "26n"]),
