@@ -48,6 +48,9 @@ class Detect(nn.Module):
     # does not reshape the network the one-to-many head trains. False (models/yolo.py's "joint" variants): its
     # gradient reaches the network too.
     detach_one2one = True
+    # True (models/yolo.py's "-cm" variant): the one-to-many branch's predictions choose the one-to-one branch's
+    # anchors in the loss (utils/loss.py), as YOLOv10's consistent matching intends; False: its own predictions do
+    consistent_matching = False
 
     def __init__(
         self,

@@ -44,17 +44,19 @@ SCALES = {
 # NMS-free variants of YOLO26n that change only its box branch or how its one-to-one head trains, measured on BCCD
 # against 11n (bench/RESULTS.md "NMS-free on BCCD"; none reaches 11n's mAP within 0.9x its latency). name: (the
 # scale they change, box bins per side (1: no DFL), box branch width, depthwise 3x3 convs in it, joint: the
-# one-to-one head's loss also trains the network, the one-to-one head's own box bins (0: as the one-to-many's))
+# one-to-one head's loss also trains the network, the one-to-one head's own box bins (0: as the one-to-many's),
+# consistent matching: the one-to-many head's predictions choose the one-to-one head's anchors (utils/loss.py))
 VARIANTS = {
-    "26n-d32": ("26n", 16, 32, False, False, 0),  # DFL at half 11n's width, 0.94x 11n's time at 640 px
-    "26n-d32-joint": ("26n", 16, 32, False, True, 0),  # the same network and speed, trained jointly
-    "26n-joint": ("26n", 1, 16, False, True, 0),  # 26n itself, trained jointly
+    "26n-d32": ("26n", 16, 32, False, False, 0, False),  # DFL at half 11n's width, 0.94x 11n's time at 640 px
+    "26n-d32-joint": ("26n", 16, 32, False, True, 0, False),  # the same network and speed, trained jointly
+    "26n-joint": ("26n", 1, 16, False, True, 0, False),  # 26n itself, trained jointly
+    "26n-cm": ("26n", 1, 16, False, True, 0, True),  # 26n-joint whose one-to-one anchors the one-to-many head picks
     # 26n's network and answer, trained jointly beside a one-to-many head with 11n's DFL box branch, which runs
     # only in training and for --nms: the NMS-free answer costs what 26n's does (and scores as 26n-joint's)
-    "26n-aux": ("26n", 16, 64, False, True, 1),
-    "26n-d16": ("26n", 16, 16, False, False, 0),  # DFL at 26n's width
-    "26n-dw": ("26n", 16, 64, True, False, 0),  # DFL at 11n's width, depthwise (YOLO11's class-branch design)
-    "26n-b64": ("26n", 1, 64, False, False, 0),  # 11n's width without DFL
+    "26n-aux": ("26n", 16, 64, False, True, 1, False),
+    "26n-d16": ("26n", 16, 16, False, False, 0, False),  # DFL at 26n's width
+    "26n-dw": ("26n", 16, 64, True, False, 0, False),  # DFL at 11n's width, depthwise (YOLO11's class-branch design)
+    "26n-b64": ("26n", 1, 64, False, False, 0, False),  # 11n's width without DFL
 }
 MODELS = [*SCALES, *VARIANTS]  # every name --model takes
 
@@ -97,8 +99,8 @@ class YOLO(nn.Module):
         if scale not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {scale!r}")
         self.scale, self.nc = scale, nc
-        scale, variant_bins, box_width, light_box, joint, one2one_bins = VARIANTS.get(
-            scale, (scale, 0, 0, False, False, 0)
+        scale, variant_bins, box_width, light_box, joint, one2one_bins, consistent = VARIANTS.get(
+            scale, (scale, 0, 0, False, False, 0, False)
         )
         depth, width, max_ch = SCALES[scale]
         # Recompute activations in backward instead of storing them (pitfall E2: spend compute to save memory).
@@ -127,7 +129,7 @@ class YOLO(nn.Module):
             self.bottom5 = C3k2(c4 + c5, c5, 1, True, attention=True) if yolo26 else C3k2(c4 + c5, c5, n2, True)
             reg_max = reg_max or variant_bins or (1 if yolo26 else 16)
             self.head = Detect(nc, (c3, c4, c5), reg_max, True, cls_width, yolo26, box_width, light_box, one2one_bins)
-            self.head.detach_one2one = not joint
+            self.head.detach_one2one, self.head.consistent_matching = not joint, consistent
         else:
             n3, n6 = max(round(3 * depth), 1), max(round(6 * depth), 1)
             # backbone

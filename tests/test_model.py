@@ -55,7 +55,7 @@ def test_each_yolo26_variant_changes_only_its_box_branches_and_a_checkpoint_rebu
     both heads (its bins per side, width, depthwise convs), still answering without NMS; val.py, detect.py and
     export.py rebuild it from a checkpoint that names it. A joint variant's one-to-one loss trains the network too,
     the others' leaves it to the one-to-many head."""
-    scale, bins, width, depthwise, joint, one2one_bins = VARIANTS[name]
+    scale, bins, width, depthwise, joint, one2one_bins, _ = VARIANTS[name]
     torch.manual_seed(0)
     base, variant = YOLO(scale, nc=3), YOLO(name, nc=3)
     outside_box = lambda m: {k: v.shape for k, v in m.state_dict().items() if "box." not in k}  # noqa: E731
@@ -288,6 +288,31 @@ def test_yolo26_loss_one_positive_per_object_progressive_weight_and_it_learns():
     one2one = loss_fn.fp32_loss(maps["one2one"], padded, topk=7, keep=1)[0]
     one2many = loss_fn.fp32_loss(maps["one2many"], padded)[0]
     assert torch.allclose(late, 0.1 * one2many + 0.9 * one2one)
+
+
+def test_consistent_matching_gives_the_one_to_one_head_an_anchor_the_one_to_many_head_chose():
+    """--model 26n-cm (YOLOv10's consistent matching): the one-to-many branch's predictions, not the one-to-one
+    branch's own, choose the one-to-one branch's anchor per object, so each is among the one-to-many's positives;
+    26n-joint, the same network, keeps choosing by its own predictions."""
+    torch.manual_seed(0)
+    model = YOLO("26n-cm", nc=3).train()
+    with torch.no_grad():  # the two branches start as copies: tell them apart
+        for level in [*model.head.one2one_cls, *model.head.one2one_box]:
+            level[-1].weight.normal_(0, 0.3)
+    images = torch.rand(2, 3, 64, 64)
+    targets = torch.tensor([[0, 0, 8, 8, 40, 36], [0, 2, 30, 30, 60, 62], [1, 1, 4, 20, 24, 44], [1, 0, 20, 4, 56, 30]])
+    maps, loss_fn = model(images), DetectionLoss(model.head, epochs=10)
+    loss_fn.epoch = 9  # 0.1 one-to-many, 0.9 one-to-one
+    padded = loss_fn.padded(targets, images)
+    many, one = maps["one2many"], maps["one2one"]
+    guided = loss_fn.fp32_loss(one, padded, topk=7, keep=1, guide=many)[0]
+    assert torch.allclose(loss_fn(maps, targets)[0], 0.1 * loss_fn.fp32_loss(many, padded)[0] + 0.9 * guided)
+    assert not torch.allclose(guided, loss_fn.fp32_loss(one, padded, topk=7, keep=1)[0])  # the guide matters
+    _, _, logits, boxes, anchors, strides = loss_fn.predictions(many)
+    fg_many = loss_fn.assign(logits, boxes, anchors, strides, padded, 10, None)[2]
+    fg_one = loss_fn.assign(logits, boxes, anchors, strides, padded, 7, 1)[2]
+    assert fg_one.sum(1).tolist() == [2, 2] and (fg_one <= fg_many).all()
+    assert not DetectionLoss(YOLO("26n-joint", nc=3).head).consistent_matching
 
 
 def test_loss_is_normalised_per_image_and_per_box():

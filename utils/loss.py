@@ -160,6 +160,7 @@ class DetectionLoss:
         self.topk, self.tiny_box = topk, tiny_box
         # ProgLoss's position and end (end-to-end heads only; train.py sets the epoch)
         self.epoch, self.epochs, self.o2m_final = 0, epochs, o2m_final
+        self.consistent_matching = getattr(head, "consistent_matching", False)  # models/head.py's Detect
         self.assignments_on_cpu = 0
 
     @property
@@ -178,8 +179,10 @@ class DetectionLoss:
             if not isinstance(maps, dict):
                 return self.fp32_loss([m.float() for m in maps], self.padded(targets, maps[0]))
             padded = self.padded(targets, maps["one2many"][0])  # once for both branches: one host read
-            one2many = self.fp32_loss([m.float() for m in maps["one2many"]], padded)
-            one2one = self.fp32_loss([m.float() for m in maps["one2one"]], padded, topk=7, keep=1)
+            many = [m.float() for m in maps["one2many"]]
+            one2many = self.fp32_loss(many, padded)
+            guide = many if self.consistent_matching else None
+            one2one = self.fp32_loss([m.float() for m in maps["one2one"]], padded, topk=7, keep=1, guide=guide)
             weight = one_to_many_weight(self.epoch, self.epochs, self.o2m_final)
             return one2many[0] * weight + one2one[0] * (1 - weight), one2one[1]
 
@@ -191,20 +194,25 @@ class DetectionLoss:
         # train.py keeps the targets on the host: padded there, they reach the GPU without a sync
         return tuple(t.to(like.device, non_blocking=True) for t in pad_targets(targets.float(), like.shape[0]))
 
-    def fp32_loss(self, maps, padded, topk=None, keep=None):
-        """One branch's (total, parts); padded: (gt, gt_mask) from DetectionLoss.padded."""
-        b = maps[0].shape[0]
-        topk = topk or self.topk
+    def predictions(self, maps):
+        """One branch's maps as (box bins per side, distance logits, class logits, boxes in grid units, anchors in
+        grid units, each anchor's stride)."""
         flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)  # b, A, 4*reg_max + nc
         reg_max = bins_per_side(flat.shape[-1], self.nc)  # this branch's (YOLO26's heads may differ)
         pred_distri, pred_logits = flat.split((4 * reg_max, self.nc), 2)
-        anchors, strides = make_anchors(maps, self.strides)  # grid units, and each anchor's stride
-
+        anchors, strides = make_anchors(maps, self.strides)
         bins = torch.arange(reg_max, device=flat.device, dtype=flat.dtype)
         pred_distances = dfl_decode(pred_distri, bins) if reg_max > 1 else pred_distri
-        pred_boxes = distances_to_boxes(pred_distances, anchors)  # grid units
+        return reg_max, pred_distri, pred_logits, distances_to_boxes(pred_distances, anchors), anchors, strides
 
-        target_boxes, target_scores, fg = self.assign(pred_logits, pred_boxes, anchors, strides, padded, topk, keep)
+    def fp32_loss(self, maps, padded, topk=None, keep=None, guide=None):
+        """One branch's (total, parts); padded: (gt, gt_mask) from DetectionLoss.padded. guide: another branch's
+        maps whose predictions choose this branch's anchors and target scores (consistent matching); None: its own."""
+        b = maps[0].shape[0]
+        topk = topk or self.topk
+        reg_max, pred_distri, pred_logits, pred_boxes, anchors, strides = self.predictions(maps)
+        guide_logits, guide_boxes = (pred_logits, pred_boxes) if guide is None else self.predictions(guide)[2:4]
+        target_boxes, target_scores, fg = self.assign(guide_logits, guide_boxes, anchors, strides, padded, topk, keep)
         score_sum = target_scores.sum().clamp(min=1)
         loss_cls = self.class_term(pred_logits, target_scores) / score_sum
 
