@@ -50,7 +50,8 @@ VARIANTS = {
     "26n-d32": ("26n", 16, 32, False, False, 0, False),  # DFL at half 11n's width, 0.94x 11n's time at 640 px
     "26n-d32-joint": ("26n", 16, 32, False, True, 0, False),  # the same network and speed, trained jointly
     "26n-joint": ("26n", 1, 16, False, True, 0, False),  # 26n itself, trained jointly
-    "26n-cm": ("26n", 1, 16, False, True, 0, True),  # 26n-joint whose one-to-one anchors the one-to-many head picks
+    # 26n-joint whose one-to-one anchors the one-to-many head's predictions pick: NMS-free 0.462 against 0.556
+    "26n-cm": ("26n", 1, 16, False, True, 0, True),
     # 26n's network and answer, trained jointly beside a one-to-many head with 11n's DFL box branch, which runs
     # only in training and for --nms: the NMS-free answer costs what 26n's does (and scores as 26n-joint's)
     "26n-aux": ("26n", 16, 64, False, True, 1, False),
