@@ -218,21 +218,8 @@ def test_a_run_on_a_full_disk_stops_with_one_sentence_and_resumes_once_there_is_
     make_shapes(tmp_path / "shapes", n_train=2, n_val=1, size=64)
     data.write_text("path: shapes\ntrain: images/train\nval: images/val\nnames: [a, b, c, d, e, f]\n")
     out = tmp_path / "run"
-    args = [
-        "--data",
-        data,
-        "--epochs",
-        "1",
-        "--out",
-        out,
-        *TINY,
-        "--batch",
-        "1",
-        "--accumulate",
-        "2",
-        "--save-every",
-        "1",
-    ]
+    args = ["--data", data, "--epochs", "1", "--out", out, *TINY]
+    args += ["--batch", "1", "--accumulate", "2", "--save-every", "1"]
     stopped = run(args, wrapper=make_wrapper(tmp_path, setup=FULL_AFTER_THE_FIRST_LAST_PT), check=False)
     assert stopped.returncode == 1, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr + stopped.stdout, stopped.stderr[-3000:]

@@ -195,8 +195,8 @@ class DetectionLoss:
         return tuple(t.to(like.device, non_blocking=True) for t in pad_targets(targets.float(), like.shape[0]))
 
     def predictions(self, maps):
-        """One branch's maps as (box bins per side, distance logits, class logits, boxes in grid units, anchors in
-        grid units, each anchor's stride)."""
+        """One branch's maps as (box bins per side, box outputs (DFL logits, or the 4 distances without DFL), class
+        logits, boxes in grid units, anchors in grid units, each anchor's stride)."""
         flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)  # b, A, 4*reg_max + nc
         reg_max = bins_per_side(flat.shape[-1], self.nc)  # this branch's (YOLO26's heads may differ)
         pred_distri, pred_logits = flat.split((4 * reg_max, self.nc), 2)
