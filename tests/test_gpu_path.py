@@ -16,6 +16,7 @@ from utils.boxes import make_anchors
 from utils.checkpoints import ours as checkpoint
 from utils.data.loader import multi_scale_max, multi_scale_size
 from utils.evaluate import coco_map
+from utils.general import seed_everything
 from utils.loss import DetectionLoss
 
 STRIDES = (8, 16, 32)
@@ -231,3 +232,22 @@ def test_batch_minus_one_measures_at_the_largest_multi_scale_size_and_is_capped(
     monkeypatch.setattr(autobatch, "auto_batch_size", lambda model, imgsz, *a: measured.append(imgsz) or 5000)
     batch = autobatch.batch_from_memory(None, multi_scale_max(640), torch.device("cuda", 0), None, 1, default=16)
     assert measured == [960] and batch == autobatch.MAX_BATCH
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_cudnn_searches_no_algorithms_per_shape(deterministic):
+    """cudnn.benchmark's search per new batch shape cost an H100 run 35 s for no speed-up per epoch: off, always."""
+    saved = (
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+        torch.are_deterministic_algorithms_enabled(),
+    )
+    torch.backends.cudnn.benchmark = True  # as another library may have left it
+    try:
+        seed_everything(0, deterministic)
+        assert torch.backends.cudnn.benchmark is False
+        if deterministic:
+            assert torch.backends.cudnn.deterministic and torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[:2]
+        torch.use_deterministic_algorithms(saved[2])

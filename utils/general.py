@@ -108,7 +108,10 @@ def seed_everything(seed, deterministic=False):
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    torch.backends.cudnn.benchmark = not deterministic  # the fastest convolution per shape, found once per shape
+    # cuDNN's per-shape algorithm search stays off: on an H100 it added 29 s to a 10-epoch fine-tuning run's first
+    # epoch and 6 s to its final validation (every new batch shape searches again) and gained nothing per epoch
+    # (bench/RESULTS.md, "The GPU path"). Ultralytics leaves it off too.
+    torch.backends.cudnn.benchmark = False
     if deterministic:
         # Pitfall M6: floating-point sums depend on the order; pin the algorithms that choose it.
         torch.use_deterministic_algorithms(True, warn_only=True)

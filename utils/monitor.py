@@ -90,7 +90,7 @@ def start_profiler(trace_path):
 
 
 class Benchmark:
-    """train.py --benchmark N: images/s over N iterations after 3 warm-up ones (cuDNN's search, the loader's
+    """train.py --benchmark N: images/s over N iterations after 3 warm-up ones (CUDA's first calls, the loader's
     first batches). Call finished(iteration) once per iteration, at the same point; report() once it is True."""
 
     def __init__(self, iterations, batch, imgsz, device):
