@@ -1,5 +1,5 @@
 """Where a YOLO26 checkpoint's NMS-free answer loses to its own one-to-many head with NMS (val.py --nms): the same
-weights scored four ways by pycocotools on a dataset's val split, as val.py scores them.
+weights scored five ways by pycocotools on a dataset's val split, as val.py scores them.
 
     python bench/nms_free_gap.py --weights runs/rd26/ours-26n-d32/320px/e40/s0/train/weights/best.pt \
         --data runs/rd26/data/voc.yaml --imgsz 320
@@ -8,7 +8,9 @@ weights scored four ways by pycocotools on a dataset's val split, as val.py scor
 - one-to-one + NMS: the same per-anchor outputs with NMS at IoU 0.7: what duplicates of one object cost;
 - one-to-one scores, one-to-many boxes: each anchor's one-to-one score with the box its one-to-many head gives:
   what the one-to-one box branch costs;
-- one-to-many + NMS: val.py --nms.
+- one-to-many + NMS: val.py --nms;
+- one-to-one boxes, both heads' scores: each anchor's one-to-one box scored by the geometric mean of the two heads'
+  scores (the one-to-many head ranks crowded objects better; the one-to-one head still suppresses duplicates).
 """
 
 import argparse
@@ -34,6 +36,10 @@ WAYS = {  # name: (output of the per-anchor one-to-one and one-to-many decodings
         True,
     ),
     "one-to-many + NMS": (lambda head, o2o, o2m: o2m, False),
+    "one-to-one boxes, both heads' scores": (
+        lambda head, o2o, o2m: head.top_detections(torch.cat((o2o[..., :4], (o2o[..., 4:] * o2m[..., 4:]).sqrt()), 2)),
+        True,
+    ),
 }
 
 
