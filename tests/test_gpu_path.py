@@ -9,6 +9,7 @@ import types
 import numpy as np
 import pytest
 import torch
+from emulated_runs import process_state
 
 from models.yolo import YOLO, Detect
 from utils import distributed
@@ -237,17 +238,9 @@ def test_batch_minus_one_measures_at_the_largest_multi_scale_size_and_is_capped(
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_cudnn_searches_no_algorithms_per_shape(deterministic):
     """cudnn.benchmark's search per new batch shape cost an H100 run 35 s for no speed-up per epoch: off, always."""
-    saved = (
-        torch.backends.cudnn.benchmark,
-        torch.backends.cudnn.deterministic,
-        torch.are_deterministic_algorithms_enabled(),
-    )
-    torch.backends.cudnn.benchmark = True  # as another library may have left it
-    try:
+    with process_state():  # the cuDNN and determinism flags as they were, whatever the test leaves
+        torch.backends.cudnn.benchmark = True  # as another library may have left it
         seed_everything(0, deterministic)
         assert torch.backends.cudnn.benchmark is False
         if deterministic:
             assert torch.backends.cudnn.deterministic and torch.are_deterministic_algorithms_enabled()
-    finally:
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[:2]
-        torch.use_deterministic_algorithms(saved[2])
