@@ -108,7 +108,7 @@ RUNS = {
     "ours-ft-lr143": ("ours", ["--model", "{weights}", "--lr0", "0.00143"]),  # its rate alone
     "ours-ft-bias0": ("ours", ["--model", "{weights}", "--warmup-bias-lr", "0"]),  # its bias warmup alone
     # an EMA that averages a short run's last updates (the usual ramp to 0.9999 over 2000 updates keeps a 10-epoch
-    # fine-tune's 62 updates almost unaveraged), and a milder scale jitter
+    # fine-tune's 62 to 130 updates almost unaveraged), and a milder scale jitter
     "ours-ft-ema90": ("ours", ["--model", "{weights}", "--ema-decay", "0.9", "--ema-tau", "5"]),
     "ours-ft-ema95": ("ours", ["--model", "{weights}", "--ema-decay", "0.95", "--ema-tau", "5"]),
     "ours-ft-scale25": ("ours", ["--model", "{weights}", "--scale", "0.25"]),
