@@ -209,7 +209,7 @@ seed_everything(args.seed + rank, args.deterministic)  # per-rank seeds; the dat
 cls_width = class_width(resume_ckpt or init_ckpt) if resume_ckpt or init_ckpt else 0
 model = YOLO(scale, nc, checkpoint_activations=args.checkpoint_activations, cls_width=cls_width, reg_max=reg_max)
 if init_ckpt:
-    log.info(initialise_from(model, init_ckpt, init_path))
+    log.info(f"{initialise_from(model, init_ckpt, init_path)}; the recipe stays a scratch run's (docs/data.md)")
 for name, p in model.named_parameters():
     p.requires_grad_(not any(name.startswith(prefix) for prefix in args.freeze.split(",") if prefix))
 model.to(device, memory_format=torch.channels_last)  # oneDNN's and cuDNN's fastest layout (~12% per step on a CPU)

@@ -121,6 +121,5 @@ def initialise_from(model, ckpt, path):
     starting_fresh = f"; starting fresh: {', '.join(fresh[:6])}{' ...' * (len(fresh) > 6)}" if fresh else ""
     return (
         f"initialised {total - len(fresh)}/{total} tensors from {path} ({ckpt.get('source', 'this repo')}, "
-        f"model {ckpt['scale']}, {ckpt['nc']} classes){starting_fresh}; the recipe stays a scratch run's "
-        "(docs/data.md: what to try when fine-tuning)"
+        f"model {ckpt['scale']}, {ckpt['nc']} classes){starting_fresh}"
     )
