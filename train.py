@@ -81,6 +81,7 @@ add = parser.add_argument
 add("--data", default="data/shapes.yaml", help="dataset yaml")
 add("--model", default="n", help="YOLOv8 n..x, YOLO11 11n..11x, YOLO26 26n..26x, 26n-d32...; a .pt (ours, Ultralytics)")
 add("--weights", default="", help="initialise from this .pt, ours or Ultralytics' (tensors that match)")
+add("--scratch-recipe", action="store_true", help="with --weights: keep a scratch run's lr0 (docs/data.md)")
 add("--reg-max", type=int, default=0, help="box bins per side: 16 = DFL, 1 = no DFL; 0: the family's (26: 1, else 16)")
 add("--epochs", type=int, default=100)
 add("--batch", type=int, default=16, help="total batch size over all GPUs; -1: from the free GPU memory (one GPU)")
@@ -189,9 +190,9 @@ if args.batch == -1:  # measured on the GPU with a model of this run's size (uti
 if args.batch < 1 or args.batch % world_size:
     sys.exit(f"--batch {args.batch} must be positive and divisible by the {world_size} processes, or -1 (measured)")
 batch = args.batch // world_size  # --batch is the total over all GPUs
-try:  # auto: adamw for short runs, sgd for long ones; lr0 and nominal_batch 0: the optimizer's usual values
+try:  # auto: adamw for short runs, sgd for long ones; lr0, nominal_batch 0: the optimizer's usual, or fine-tuning's
     args.optimizer, args.lr0, args.nominal_batch = settings.resolve_optimizer(
-        args, args.epochs * math.ceil(len(train_records) / args.batch), sources
+        args, math.ceil(len(train_records) / args.batch), sources, bool(init_ckpt) and not args.scratch_recipe
     )
 except ValueError as e:
     sys.exit(str(e))
@@ -209,7 +210,7 @@ seed_everything(args.seed + rank, args.deterministic)  # per-rank seeds; the dat
 cls_width = class_width(resume_ckpt or init_ckpt) if resume_ckpt or init_ckpt else 0
 model = YOLO(scale, nc, checkpoint_activations=args.checkpoint_activations, cls_width=cls_width, reg_max=reg_max)
 if init_ckpt:
-    log.info(f"{initialise_from(model, init_ckpt, init_path)}; the recipe stays a scratch run's (docs/data.md)")
+    log.info(f"{initialise_from(model, init_ckpt, init_path)}; lr0 {args.lr0} <- {sources.get('lr0', 'as given')}")
 for name, p in model.named_parameters():
     p.requires_grad_(not any(name.startswith(prefix) for prefix in args.freeze.split(",") if prefix))
 model.to(device, memory_format=torch.channels_last)  # oneDNN's and cuDNN's fastest layout (~12% per step on a CPU)
@@ -288,7 +289,7 @@ if is_main:
     val_set = ValDataset(val_records, args.imgsz, batch * 2, cache=val_cache)
     val_loader = make_loader(val_set, batch_size=batch * 2, workers=args.workers, pin_memory=device.type == "cuda")
 nb = len(sampler)
-warmup_iterations = max(round(args.warmup_epochs * nb), 100) if args.warmup_epochs > 0 else 0
+warmup_iterations = settings.warmup_length(args.warmup_epochs, nb)
 # Look before training: shifted, swapped or mislabelled boxes show in labels.jpg (drawn in a thread).
 if is_main and not resume_ckpt:
     in_background(plot_labels, train_records, names, run_dir / "labels.jpg")

@@ -89,7 +89,8 @@ RUNS = {
     "ours-26n-dw": ("ours", [*RECIPE, "--model", "26n-dw"]),  # DFL, 64-wide depthwise box branch (26n's cost)
     "ours-26n-o2m08": ("ours", [*RECIPE, "--model", "26n", "--o2m-final", "0.8"]),  # one-to-many weight kept at 0.8
     # fine-tuning --weights FILE (its architecture, its tensors; the class convolutions are new: 3 classes here)
-    "ours-ft": ("ours", ["--model", "{weights}"]),
+    "ours-ft": ("ours", ["--model", "{weights}"]),  # our defaults: a fine-tuning run's lr0 (utils/settings.py)
+    "ours-ft-scratch": ("ours", ["--model", "{weights}", "--scratch-recipe"]),  # a scratch run's: lr0 0.002
     "peer-ft": ("peer", ["--model", "{weights}", "pretrained=True"]),  # False would build the architecture only
     "peer-ft-same": ("peer", ["--model", "{weights}", "pretrained=True", *SAME]),
     # what a fine-tuning run could do differently: no warmup, an optimizer step per batch, a lower rate, a frozen
@@ -106,6 +107,7 @@ RUNS = {
     "ours-ft-auto": ("ours", ["--model", "{weights}", "--lr0", "0.00143", "--momentum", "0.9",
                               "--warmup-bias-lr", "0"]),
     "ours-ft-lr143": ("ours", ["--model", "{weights}", "--lr0", "0.00143"]),  # its rate alone
+    "ours-ft-lr100": ("ours", ["--model", "{weights}", "--lr0", "0.001"]),  # lower still
     "ours-ft-bias0": ("ours", ["--model", "{weights}", "--warmup-bias-lr", "0"]),  # its bias warmup alone
     # an EMA that averages a short run's last updates (the usual ramp to 0.9999 over 2000 updates keeps a 10-epoch
     # fine-tune's 62 to 130 updates almost unaveraged), and a milder scale jitter

@@ -27,21 +27,44 @@ def test_adamw_steps_after_every_batch_and_sgd_after_64_images_unless_told():
     """--nominal-batch 0 (the default): AdamW, which auto picks for short runs, takes a step per batch (BCCD from
     scratch: 0.558 against 0.466 mAP50-95 at 20 epochs); SGD and MuSGD keep 64 images per step; a given value is
     kept."""
+    assert resolve("auto") == (("adamw", 0.002, 16), {
+        "optimizer": "--optimizer auto: 500 iterations", "lr0": "adamw's usual rate",
+        "nominal_batch": "adamw: a step per batch"})  # fmt: skip
+    assert resolve("auto", epochs=2000)[0] == ("sgd", 0.01, 64)
+    assert resolve("musgd")[0] == ("musgd", 0.01, 64)
+    assert resolve("adamw", nominal_batch=64) == (("adamw", 0.002, 64), {"lr0": "adamw's usual rate"})
+
+
+def test_a_fine_tuning_run_lowers_adamws_rate_once_it_outlasts_its_warmup():
+    """--weights: BCCD's 13 batches per epoch, warmup 3 epochs (floor 100 iterations). 10 epochs (130 iterations)
+    outlast the warmup: lr0 0.00143, and the log says why; 5 epochs (65) end within it: 0.002. A given --lr0, SGD,
+    a scratch run (or --scratch-recipe, which train.py turns into fine_tuning=False) keep their usual rates."""
+    from utils.settings import FINE_TUNE_LR0
+
+    (_, lr0, _), sources = resolve("auto", epochs=10, batches=13, fine_tuning=True)
+    assert lr0 == FINE_TUNE_LR0 < 0.002
+    assert sources["lr0"].startswith("fine-tuning: 130 iterations outlast the 100-iteration warmup")
+    (_, lr0, _), sources = resolve("auto", epochs=5, batches=13, fine_tuning=True)
+    assert lr0 == 0.002 and "65 iterations end within the 100-iteration warmup" in sources["lr0"]
+    assert resolve("auto", epochs=5, batches=13, warmup_epochs=0, fine_tuning=True)[0][1] == FINE_TUNE_LR0
+    assert resolve("auto", epochs=10, batches=100, fine_tuning=True)[0][1] == FINE_TUNE_LR0  # 1000 > 300
+    assert resolve("auto", epochs=10, batches=13, lr0=0.003, fine_tuning=True) == (("adamw", 0.003, 16), {
+        "optimizer": "--optimizer auto: 130 iterations", "nominal_batch": "adamw: a step per batch"})  # fmt: skip
+    assert resolve("sgd", epochs=10, batches=13, fine_tuning=True)[0][1] == 0.01
+    assert resolve("auto", epochs=10, batches=13)[0][1] == 0.002
+
+
+def resolve(optimizer, nominal_batch=0, epochs=50, batches=10, warmup_epochs=3.0, lr0=0.0, fine_tuning=False):
+    """utils.settings.resolve_optimizer for a run of `epochs` x `batches` at batch 16: ((optimizer, lr0,
+    nominal_batch), the sources it noted)."""
     from argparse import Namespace
 
     from utils.settings import resolve_optimizer
 
-    def resolve(optimizer, nominal_batch=0, iterations=500):
-        sources = {}
-        args = Namespace(optimizer=optimizer, lr0=0.0, nominal_batch=nominal_batch, batch=16)
-        return resolve_optimizer(args, iterations, sources), sources
-
-    assert resolve("auto") == (("adamw", 0.002, 16), {
-        "optimizer": "--optimizer auto: 500 iterations", "lr0": "adamw's usual rate",
-        "nominal_batch": "adamw: a step per batch"})  # fmt: skip
-    assert resolve("auto", iterations=20_000)[0] == ("sgd", 0.01, 64)
-    assert resolve("musgd")[0] == ("musgd", 0.01, 64)
-    assert resolve("adamw", nominal_batch=64) == (("adamw", 0.002, 64), {"lr0": "adamw's usual rate"})
+    sources = {}
+    args = Namespace(optimizer=optimizer, lr0=lr0, nominal_batch=nominal_batch, batch=16, epochs=epochs)
+    args.warmup_epochs = warmup_epochs
+    return resolve_optimizer(args, batches, sources, fine_tuning), sources
 
 
 def test_accumulation_windows_ramp_over_the_warmup_and_partition_each_epoch():
@@ -102,7 +125,10 @@ def test_weights_freeze_multi_scale_and_the_other_run_options(tiny_data, one_epo
     seen = [int(s) for s in re.findall(r"input size (\d+)", result.stdout)]
     assert len(seen) == 6 and len(set(seen)) > 1 and set(seen) <= {32, 64, 96}, seen
     first, second = load(one_epoch_run / "weights/last.pt"), load(tmp_path / "second/weights/last.pt")
-    assert "initialised" in (tmp_path / "second/train.log").read_text()
+    # a fine-tuning run past its (here absent) warmup: the lower AdamW rate, said on the line that names the file
+    log = (tmp_path / "second/train.log").read_text()
+    assert re.search(r"initialised .*; lr0 0.00143 <- fine-tuning: 6 iterations outlast the 0-iteration", log)
+    assert yaml.safe_load((tmp_path / "second/args.yaml").read_text())["lr0"] == 0.00143
     for name in ("stem.conv.weight", "down2.bn.weight", "down2.bn.bias"):  # frozen: still the --weights values
         assert torch.equal(second["model"][name], first["ema"][name]), name
     assert not torch.equal(second["model"]["stage2.cv1.conv.weight"], first["ema"]["stage2.cv1.conv.weight"])
@@ -112,7 +138,9 @@ def test_weights_freeze_multi_scale_and_the_other_run_options(tiny_data, one_epo
     assert sum(len(g["params"]) for g in second["optimizer"]["param_groups"]) == trainable
     assert json.loads((tmp_path / "second/profile_trace.json").read_text())["traceEvents"]
 
-    result = run(["--data", tiny_data, "--benchmark", "2", "--out", tmp_path / "bench", *TINY])
+    weights = ["--weights", one_epoch_run / "weights/last.pt", "--scratch-recipe"]  # and a scratch run's lr0
+    result = run(["--data", tiny_data, "--benchmark", "2", *weights, "--out", tmp_path / "bench", *TINY])
+    assert yaml.safe_load((tmp_path / "bench/args.yaml").read_text())["lr0"] == 0.002
     assert re.search(r"benchmark: [0-9.]+ images/s", result.stdout)
     # its 3 + 2 iterations cross the end of epoch 1 (3 batches): training is timed, not a validation
     row = next(csv.DictReader(open(tmp_path / "bench/results.csv")))

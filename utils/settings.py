@@ -127,15 +127,28 @@ def resumed_batch(args, ckpt, world_size, batch_given):
     return batch, accumulate
 
 
-def resolve_optimizer(args, iterations, sources):
-    """(optimizer, lr0, nominal_batch) of --optimizer, --lr0 and --nominal-batch for a run of `iterations` batches;
-    `sources` notes what was chosen. auto: Adam-style for short runs, SGD for long ones, as Ultralytics' "auto"; it
-    counts optimizer steps (batches of max(batch, nominal_batch)), this counts batches: SGD from 4x shorter runs at
-    batch 16 (unmeasured; see bench/RESULTS.md). nominal_batch 0: 64 images per step for SGD and MuSGD (YOLOv5's
-    and Ultralytics' value, with their rates), a step per batch for AdamW: its short runs on a few hundred images
-    have few steps to spare (BCCD from scratch, 20 epochs: 0.558 against 0.466 with 64; bench/RESULTS.md).
+# AdamW's rate for a fine-tuning run that outlasts its warmup (BCCD from a COCO-trained YOLOv8s: bench/RESULTS.md)
+FINE_TUNE_LR0 = 0.00143
+
+
+def warmup_length(warmup_epochs, batches_per_epoch):
+    """The warmup's iterations: --warmup-epochs of batches, at least 100 (YOLOv5's and Ultralytics' floor); 0: none."""
+    return max(round(warmup_epochs * batches_per_epoch), 100) if warmup_epochs > 0 else 0
+
+
+def resolve_optimizer(args, batches_per_epoch, sources, fine_tuning=False):
+    """(optimizer, lr0, nominal_batch) of --optimizer, --lr0 and --nominal-batch for a run of `batches_per_epoch`
+    batches per epoch; `sources` notes what was chosen. auto: Adam-style for short runs, SGD for long ones, as
+    Ultralytics' "auto"; it counts optimizer steps (batches of max(batch, nominal_batch)), this counts batches: SGD
+    from 4x shorter runs at batch 16 (unmeasured; see bench/RESULTS.md). nominal_batch 0: 64 images per step for SGD
+    and MuSGD (YOLOv5's and Ultralytics' value, with their rates), a step per batch for AdamW: its short runs on a
+    few hundred images have few steps to spare (BCCD from scratch, 20 epochs: 0.558 against 0.466 with 64).
+    fine_tuning (--weights, unless --scratch-recipe): AdamW's lr0 drops to FINE_TUNE_LR0 once the run outlasts its
+    warmup. Within the warmup the rate never reaches lr0, and the usual 0.002 did better there (BCCD, 5 epochs:
+    0.595 against 0.577); past it the lower rate did (10 epochs: 0.623 against 0.616, 5 seeds).
     ValueError for an optimizer not offered."""
     optimizer, lr0, nominal_batch = args.optimizer, args.lr0, args.nominal_batch
+    iterations = args.epochs * batches_per_epoch
     if optimizer == "auto":
         optimizer = "adamw" if iterations < 10_000 else "sgd"
         sources["optimizer"] = f"--optimizer auto: {iterations} iterations"
@@ -144,6 +157,13 @@ def resolve_optimizer(args, iterations, sources):
     if not lr0:
         lr0 = {"sgd": 0.01, "adamw": 0.002, "musgd": 0.01}[optimizer]
         sources["lr0"] = f"{optimizer}'s usual rate"
+        warmup = warmup_length(args.warmup_epochs, batches_per_epoch)
+        if fine_tuning and optimizer == "adamw" and iterations > warmup:
+            lr0 = FINE_TUNE_LR0
+            sources["lr0"] = f"fine-tuning: {iterations} iterations outlast the {warmup}-iteration warmup"
+            sources["lr0"] += " (--scratch-recipe: 0.002)"
+        elif fine_tuning and optimizer == "adamw":
+            sources["lr0"] = f"fine-tuning: {iterations} iterations end within the {warmup}-iteration warmup: 0.002"
     if not nominal_batch:
         nominal_batch = args.batch if optimizer == "adamw" else 64
         sources["nominal_batch"] = "adamw: a step per batch" if optimizer == "adamw" else f"{optimizer}'s usual"
