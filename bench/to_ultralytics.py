@@ -43,7 +43,8 @@ def their_name(family, ours):
 
 
 def convert(source):
-    """(Ultralytics' DetectionModel with our weights, the largest raw-output difference on a random image)."""
+    """(Ultralytics' DetectionModel with our weights, the largest raw-output difference on a random image, the image
+    size the checkpoint trained at)."""
     ours = model_from_checkpoint(str(source)).float().eval()
     family, scale = ours.scale[:-1], ours.scale[-1]
     if family not in YAML:
@@ -63,7 +64,7 @@ def convert(source):
     with torch.no_grad():  # ours: a (1, 64 + nc, h, w) map per level; theirs: {"boxes": (1, 64, A), "scores": ...}
         expected, got = torch.cat([m.flatten(2) for m in ours(x)[1]], 2), theirs(x)[1]
     got = torch.cat((got["boxes"], got["scores"]), 1)
-    return theirs, (expected - got).abs().max().item()
+    return theirs, (expected - got).abs().max().item(), ours.imgsz
 
 
 def main():
@@ -71,10 +72,9 @@ def main():
     parser.add_argument("source", help="this repo's .pt (best.pt or last.pt of a YOLOv8 / YOLO11 run)")
     parser.add_argument("out", help="the Ultralytics .pt to write")
     args = parser.parse_args()
-    model, diff = convert(args.source)
+    model, diff, imgsz = convert(args.source)
     if diff > 1e-3:
         sys.exit(f"{args.source}: Ultralytics' network answers differently (largest raw difference {diff:.2g})")
-    imgsz = model_from_checkpoint(args.source).imgsz
     ckpt = {"date": datetime.now().isoformat(), "version": __version__, "epoch": -1, "best_fitness": None}
     ckpt |= {"model": None, "ema": model.half(), "updates": 0, "optimizer": None}
     ckpt["train_args"] = {"imgsz": imgsz, "task": "detect", "model": f"{Path(args.source).name} (converted)"}
