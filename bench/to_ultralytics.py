@@ -33,10 +33,13 @@ from utils.checkpoints.ultralytics import LAYER_NAMES  # noqa: E402
 YAML = {"": "yolov8{}.yaml", "11": "yolo11{}.yaml"}  # our model name's family prefix -> Ultralytics' model file
 
 
+INDEX = {family: {name: i for i, name in names.items()} for family, names in LAYER_NAMES.items()}  # our name -> i
+
+
 def their_name(family, ours):
     """head.box.0.1.conv.weight -> model.22.cv2.0.1.conv.weight: the inverse of our_weights' rename."""
     module, _, rest = ours.partition(".")
-    index = {name: i for i, name in LAYER_NAMES[family].items()}[module]
+    index = INDEX[family][module]
     if module == "head":
         rest = rest.replace("box.", "cv2.", 1) if rest.startswith("box.") else rest.replace("cls.", "cv3.", 1)
     return f"model.{index}.{rest}"

@@ -157,13 +157,14 @@ def resolve_optimizer(args, batches_per_epoch, sources, fine_tuning=False):
     if not lr0:
         lr0 = {"sgd": 0.01, "adamw": 0.002, "musgd": 0.01}[optimizer]
         sources["lr0"] = f"{optimizer}'s usual rate"
-        warmup = warmup_length(args.warmup_epochs, batches_per_epoch)
-        if fine_tuning and optimizer == "adamw" and iterations > warmup:
-            lr0 = FINE_TUNE_LR0
-            sources["lr0"] = f"fine-tuning: {iterations} iterations outlast the {warmup}-iteration warmup"
-            sources["lr0"] += " (--scratch-recipe: 0.002)"
-        elif fine_tuning and optimizer == "adamw":
-            sources["lr0"] = f"fine-tuning: {iterations} iterations end within the {warmup}-iteration warmup: 0.002"
+        if fine_tuning and optimizer == "adamw":
+            warmup = warmup_length(args.warmup_epochs, batches_per_epoch)
+            run = f"fine-tuning: {iterations} iterations"
+            if iterations > warmup:
+                sources["lr0"] = f"{run} outlast the {warmup}-iteration warmup (--scratch-recipe: {lr0})"
+                lr0 = FINE_TUNE_LR0
+            else:
+                sources["lr0"] = f"{run} end within the {warmup}-iteration warmup: {lr0}"
     if not nominal_batch:
         nominal_batch = args.batch if optimizer == "adamw" else 64
         sources["nominal_batch"] = "adamw: a step per batch" if optimizer == "adamw" else f"{optimizer}'s usual"
