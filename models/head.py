@@ -103,7 +103,7 @@ class Detect(nn.Module):
         if self.training:
             return maps
         if self.end2end:
-            out = self.top_detections(self.decode(maps["one2one"]))
+            out = self.answer(maps["one2one"])
         else:
             out = self.decode(maps["one2many"] if self.one_to_one else maps)
         return (out, maps) if self.return_maps else out
@@ -113,6 +113,19 @@ class Detect(nn.Module):
         """One copy of the head on the 3 levels: per level, the box outputs then the class logits."""
         return [torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(feats, boxes, classes)]
 
+    def split(self, maps):
+        """Raw maps -> anchors and strides (anchors, 2 and 1), box outputs (batch, anchors, 4 * bins), class logits
+        (batch, anchors, nc), bins per side; float32 (see decode)."""
+        anchors, strides = make_anchors(maps, self.strides)
+        flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2).float()  # batch, anchors, 4*bins + nc
+        bins = bins_per_side(flat.shape[-1], self.nc)
+        return anchors, strides, *flat.split((4 * bins, self.nc), 2), bins
+
+    def boxes(self, distri, anchors, strides, bins):
+        """Box outputs -> xyxy boxes in input pixels (DFL's expectation first, where there are bins)."""
+        distances = dfl_decode(distri, self.bins[:bins]) if bins > 1 else distri
+        return distances_to_boxes(distances, anchors) * strides
+
     def decode(self, maps):
         """Raw maps -> (batch, anchors, 4 + nc): xyxy boxes in input pixels and class probabilities.
         Always float32, also for a half model (val.py --half, export.py --half) or inside autocast (the
@@ -120,22 +133,33 @@ class Detect(nn.Module):
         its DFL expectation is up to ~0.01 cell off (0.27 px at stride 32), so fp16 boxes were up to 0.5 px
         off at 640 and 0.7 px at 1280, enough to move a match across the high IoU thresholds of mAP50-95."""
         with torch.autocast(maps[0].device.type, enabled=False):  # autocast would run the DFL matmul in fp16
-            anchors, strides = make_anchors(maps, self.strides)
-            flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2).float()  # batch, anchors, 4*bins + nc
-            bins = bins_per_side(flat.shape[-1], self.nc)
-            distri, logits = flat.split((4 * bins, self.nc), 2)
-            distances = dfl_decode(distri, self.bins[:bins]) if bins > 1 else distri
-            boxes = distances_to_boxes(distances, anchors) * strides
-            return torch.cat((boxes, logits.sigmoid()), 2)
+            anchors, strides, distri, logits, bins = self.split(maps)
+            return torch.cat((self.boxes(distri, anchors, strides, bins), logits.sigmoid()), 2)
 
-    def top_detections(self, decoded):
-        """(batch, anchors, 4 + nc) -> (batch, k, 6) x1 y1 x2 y2 score class, best first, k = min(max_det, anchors):
-        the k best (anchor, class) pairs among the k anchors with the best top class (as Ultralytics' end-to-end
-        head, so that its checkpoints give its detections); an anchor may appear once per class."""
-        boxes, scores = decoded.split((4, self.nc), 2)
+    def answer(self, maps):
+        """The one-to-one head's raw maps -> its final detections (see top_detections), decoding only the boxes of
+        the detections kept: top_detections(decode(maps)), without DFL's softmax over every anchor (8,400 at 640 px),
+        which cost an NMS-free graph with a DFL box branch more time than its convs did."""
+        with torch.autocast(maps[0].device.type, enabled=False):
+            anchors, strides, distri, logits, bins = self.split(maps)
+            anchor, score, cls = self.top_pairs(logits.sigmoid())
+            distri = distri.gather(1, anchor.unsqueeze(-1).expand(-1, -1, distri.shape[-1]))
+            boxes = self.boxes(distri, anchors[anchor], strides[anchor], bins)
+            return torch.cat((boxes, score.unsqueeze(-1), cls.unsqueeze(-1).to(boxes.dtype)), 2)
+
+    def top_pairs(self, scores):
+        """(batch, anchors, nc) probabilities -> the anchor, score and class (each batch, k) of the k =
+        min(max_det, anchors) best (anchor, class) pairs among the k anchors with the best top class, best first (as
+        Ultralytics' end-to-end head, so that its checkpoints give its detections); an anchor may appear once per
+        class."""
         k = min(self.max_det, scores.shape[1])
         anchors = scores.amax(2).topk(k, 1).indices  # b, k
         scores = scores.gather(1, anchors.unsqueeze(-1).expand(-1, -1, self.nc))  # b, k, nc
         best, index = scores.flatten(1).topk(k, 1)  # b, k over the k x nc pairs
-        boxes = boxes.gather(1, anchors.gather(1, index // self.nc).unsqueeze(-1).expand(-1, -1, 4))
-        return torch.cat((boxes, best.unsqueeze(-1), (index % self.nc).unsqueeze(-1).to(boxes.dtype)), 2)
+        return anchors.gather(1, index // self.nc), best, index % self.nc
+
+    def top_detections(self, decoded):
+        """(batch, anchors, 4 + nc) decoded -> (batch, k, 6) x1 y1 x2 y2 score class: top_pairs' detections."""
+        anchor, score, cls = self.top_pairs(decoded[..., 4:])
+        boxes = decoded[..., :4].gather(1, anchor.unsqueeze(-1).expand(-1, -1, 4))
+        return torch.cat((boxes, score.unsqueeze(-1), cls.unsqueeze(-1).to(boxes.dtype)), 2)

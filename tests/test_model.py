@@ -119,6 +119,22 @@ def test_yolo26_detections_are_the_best_anchor_class_pairs():
     assert out[:, 5].tolist() == [0, 1, 1, 2] and out[:, 0].tolist() == [1, 1, 4, 2]
 
 
+@pytest.mark.parametrize("name", ["26n", "26n-d32-joint"])
+def test_yolo26_decodes_only_the_boxes_it_answers_with_and_answers_the_same(name):
+    """The NMS-free answer picks its detections by score first and decodes only their boxes (DFL's softmax over
+    300 anchors, not all of them): bitwise what decoding every anchor and then picking gives, with and without DFL."""
+    torch.manual_seed(0)
+    model = YOLO(name, nc=3).eval()
+    with torch.no_grad():  # trained-looking heads: spread scores and boxes
+        for p in model.head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.head.return_maps = True
+    with torch.no_grad():
+        out, maps = model(torch.rand(2, 3, 320, 256))
+        assert out.shape == (2, 300, 6)
+        assert torch.equal(out, model.head.top_detections(model.head.decode(maps["one2one"])))
+
+
 def test_every_model_has_the_parameter_count_ultralytics_publishes():
     # The summaries in Ultralytics' yolov8.yaml and yolo11.yaml (80 classes), less the 16 fixed weights of its
     # DFL layer, which our head holds as a constant: same count, same layers (their checkpoints load strictly).
