@@ -51,6 +51,9 @@ class Detect(nn.Module):
     # True (models/yolo.py's "-cm" variant): the one-to-many branch's predictions choose the one-to-one branch's
     # anchors in the loss (utils/loss.py), as YOLOv10's consistent matching intends; False: its own predictions do
     consistent_matching = False
+    # True (models/yolo.py's "-level" variants): the one-to-one branch's positive for an object lies on the one level
+    # its size picks (utils/assigner.py level_by_size); False: on whichever level aligns best, as Ultralytics does
+    one2one_by_size = False
 
     def __init__(
         self,

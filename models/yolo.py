@@ -47,20 +47,25 @@ SCALES = {
 # one-to-one head's loss also trains the network, the one-to-one head's own box bins (0: as the one-to-many's),
 # consistent matching: the one-to-many head's predictions choose the one-to-one head's anchors (utils/loss.py))
 VARIANTS = {
-    "26n-d32": ("26n", 16, 32, False, False, 0, False),  # DFL at half 11n's width, 0.94x 11n's time at 640 px
-    "26n-d32-joint": ("26n", 16, 32, False, True, 0, False),  # the same network and speed, trained jointly
-    "26n-joint": ("26n", 1, 16, False, True, 0, False),  # 26n itself, trained jointly
+    "26n-d32": ("26n", 16, 32, False, False, 0, False, False),  # DFL at half 11n's width, 0.94x 11n's time at 640 px
+    "26n-d32-joint": ("26n", 16, 32, False, True, 0, False, False),  # the same network and speed, trained jointly
+    "26n-joint": ("26n", 1, 16, False, True, 0, False, False),  # 26n itself, trained jointly
     # DFL at 24 / 16 channels, trained jointly: 0.95x / 0.94x 11n's mAP on BCCD at 0.93x / 0.90x its network time
-    "26n-d24-joint": ("26n", 16, 24, False, True, 0, False),
-    "26n-d16-joint": ("26n", 16, 16, False, True, 0, False),
+    "26n-d24-joint": ("26n", 16, 24, False, True, 0, False, False),
+    "26n-d16-joint": ("26n", 16, 16, False, True, 0, False, False),
     # 26n-joint whose one-to-one anchors the one-to-many head's predictions pick: NMS-free 0.462 against 0.556
-    "26n-cm": ("26n", 1, 16, False, True, 0, True),
+    "26n-cm": ("26n", 1, 16, False, True, 0, True, False),
     # 26n's network and answer, trained jointly beside a one-to-many head with 11n's DFL box branch, which runs
     # only in training and for --nms: the NMS-free answer costs what 26n's does (and scores as 26n-joint's)
-    "26n-aux": ("26n", 16, 64, False, True, 1, False),
-    "26n-d16": ("26n", 16, 16, False, False, 0, False),  # DFL at 26n's width
-    "26n-dw": ("26n", 16, 64, True, False, 0, False),  # DFL at 11n's width, depthwise (YOLO11's class-branch design)
-    "26n-b64": ("26n", 1, 64, False, False, 0, False),  # 11n's width without DFL
+    "26n-aux": ("26n", 16, 64, False, True, 1, False, False),
+    "26n-d16": ("26n", 16, 16, False, False, 0, False, False),  # DFL at 26n's width
+    # DFL at 11n's width, depthwise (YOLO11's class-branch design)
+    "26n-dw": ("26n", 16, 64, True, False, 0, False, False),
+    "26n-b64": ("26n", 1, 64, False, False, 0, False, False),  # 11n's width without DFL
+    # 26n-joint / 26n-d32-joint whose one-to-one head detects each object at the one level its size picks
+    # (utils/assigner.py level_by_size): no duplicates of one object on two levels
+    "26n-level": ("26n", 1, 16, False, True, 0, False, True),
+    "26n-d32-level": ("26n", 16, 32, False, True, 0, False, True),
 }
 MODELS = [*SCALES, *VARIANTS]  # every name --model takes
 
@@ -103,8 +108,8 @@ class YOLO(nn.Module):
         if scale not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {scale!r}")
         self.scale, self.nc = scale, nc
-        scale, variant_bins, box_width, light_box, joint, one2one_bins, consistent = VARIANTS.get(
-            scale, (scale, 0, 0, False, False, 0, False)
+        scale, variant_bins, box_width, light_box, joint, one2one_bins, consistent, by_size = VARIANTS.get(
+            scale, (scale, 0, 0, False, False, 0, False, False)
         )
         depth, width, max_ch = SCALES[scale]
         # Recompute activations in backward instead of storing them (pitfall E2: spend compute to save memory).
@@ -134,6 +139,7 @@ class YOLO(nn.Module):
             reg_max = reg_max or variant_bins or (1 if yolo26 else 16)
             self.head = Detect(nc, (c3, c4, c5), reg_max, True, cls_width, yolo26, box_width, light_box, one2one_bins)
             self.head.detach_one2one, self.head.consistent_matching = not joint, consistent
+            self.head.one2one_by_size = by_size
         else:
             n3, n6 = max(round(3 * depth), 1), max(round(6 * depth), 1)
             # backbone

@@ -6,7 +6,7 @@ import torch
 
 from models.weights import model_from_checkpoint
 from models.yolo import SCALES, VARIANTS, YOLO, count_gflops, count_parameters
-from utils.assigner import assign_targets
+from utils.assigner import assign_targets, level_by_size
 from utils.boxes import make_anchors, non_max_suppression, scale_boxes_to_original
 from utils.data.augment import letterbox
 from utils.loss import DetectionLoss, one_to_many_weight
@@ -55,7 +55,7 @@ def test_each_yolo26_variant_changes_only_its_box_branches_and_a_checkpoint_rebu
     both heads (its bins per side, width, depthwise convs), still answering without NMS; val.py, detect.py and
     export.py rebuild it from a checkpoint that names it. A joint variant's one-to-one loss trains the network too,
     the others' leaves it to the one-to-many head."""
-    scale, bins, width, depthwise, joint, one2one_bins, _ = VARIANTS[name]
+    scale, bins, width, depthwise, joint, one2one_bins, _, _ = VARIANTS[name]
     torch.manual_seed(0)
     base, variant = YOLO(scale, nc=3), YOLO(name, nc=3)
     outside_box = lambda m: {k: v.shape for k, v in m.state_dict().items() if "box." not in k}  # noqa: E731
@@ -174,6 +174,24 @@ def _assign(gt_boxes_per_image, size=64, nc=3, pred_boxes=None, device=None, **k
     if pred_boxes is None:  # every anchor predicts a 16x16 box around itself
         pred_boxes = torch.cat((anchors - 8, anchors + 8), 1).expand(b, -1, -1).clone()
     return anchors, assign_targets(scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask, device=device, **kw)
+
+
+def test_one_to_one_assignment_by_size_puts_each_object_on_one_level():
+    """--model 26n-level: each object's one-to-one positive lies on the level its size picks (under 64 px: stride 8,
+    under 128: 16, then 32), where the usual assignment takes whichever level aligns best (here not always that)."""
+    _, strides = _anchors_for(320)
+    strides = strides.squeeze(-1)
+    boxes = [(0, 20, 20, 70, 70), (1, 100, 100, 190, 190), (2, 10, 10, 300, 300)]  # sizes 50, 90, 290 px
+    picked = {}
+    for levels in (None, strides):
+        _, (_, _, fg, index) = _assign([boxes], size=320, topk=7, keep=1, levels=levels)
+        picked[levels is None] = sorted((int(index[0, a]), int(strides[a])) for a in fg[0].nonzero().flatten())
+    assert picked[False] == [(0, 8), (1, 16), (2, 32)] and picked[True] != picked[False]
+    sides = torch.tensor([[[0.0, 0, 63.9, 63.9], [0, 0, 64, 64], [0, 0, 32, 128], [0, 0, 127, 127], [0, 0, 900, 900]]])
+    chosen = level_by_size(sides, torch.tensor([8.0, 16, 32]))  # one stride per box: each box's row has one True
+    assert chosen.sum(-1).tolist() == [[1] * 5] and chosen.float().argmax(-1).tolist() == [[0, 1, 1, 1, 2]]
+    assert DetectionLoss(YOLO("26n-level", nc=3).head).one2one_by_size
+    assert not DetectionLoss(YOLO("26n-joint", nc=3).head).one2one_by_size
 
 
 def test_assigner_one_box_picks_anchors_inside_it():
@@ -325,8 +343,8 @@ def test_consistent_matching_gives_the_one_to_one_head_an_anchor_the_one_to_many
     assert torch.allclose(loss_fn(maps, targets)[0], 0.1 * loss_fn.fp32_loss(many, padded)[0] + 0.9 * guided)
     assert not torch.allclose(guided, loss_fn.fp32_loss(one, padded, topk=7, keep=1)[0])  # the guide matters
     _, _, logits, boxes, anchors, strides = loss_fn.predictions(many)
-    fg_many = loss_fn.assign(logits, boxes, anchors, strides, padded, 10, None)[2]
-    fg_one = loss_fn.assign(logits, boxes, anchors, strides, padded, 7, 1)[2]
+    fg_many = loss_fn.assign(logits, boxes, anchors, strides, padded, dict(topk=10, keep=None))[2]
+    fg_one = loss_fn.assign(logits, boxes, anchors, strides, padded, dict(topk=7, keep=1))[2]
     assert fg_one.sum(1).tolist() == [2, 2] and (fg_one <= fg_many).all()
     assert not DetectionLoss(YOLO("26n-joint", nc=3).head).consistent_matching
 

@@ -22,7 +22,7 @@ TINY_SIDE = 8.5
 
 @torch.no_grad()
 def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask, topk=10, alpha=0.5, beta=6.0,
-                   tiny_box=TINY_SIDE, device=None, keep=None):  # fmt: skip
+                   tiny_box=TINY_SIDE, device=None, keep=None, levels=None):  # fmt: skip
     """
     pred_scores: (b, A, nc) probabilities;  pred_boxes: (b, A, 4) xyxy pixels;  anchors: (A, 2) pixels
     gt_labels: (b, n, 1);  gt_boxes: (b, n, 4) xyxy pixels;  gt_mask: (b, n, 1), 1 for real boxes (rest is padding)
@@ -31,6 +31,8 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
     device: where to compute ("cpu" for the OOM retry); results come back on pred_scores' device.
     keep: after the top-k and the one-box-per-anchor rule, each box keeps only its `keep` best anchors by alignment
           (YOLO26's one-to-one branch: topk 7, keep 1, one positive per object); None keeps all.
+    levels: (A,) each anchor's stride in pixels: given, a box's candidates are only the anchors of the one level
+            its size picks (level_by_size); None: every level's.
     Returns target_boxes (b, A, 4), target_scores (b, A, nc), foreground mask (b, A) bool,
     and the index of the assigned box per anchor (b, A).
     """
@@ -52,6 +54,8 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
     # Every (box, anchor) pair is computed, padding included, and masked with torch.where: a boolean-mask gather
     # of the valid pairs would make the host wait for the GPU (its size depends on the data).
     valid = candidates(anchors, gt_boxes, gt_mask, tiny_box)  # b, n, A
+    if levels is not None:
+        valid &= level_by_size(gt_boxes, levels.to(valid.device))
 
     # Alignment metric; 0 outside the candidates.
     batch_index = torch.arange(b, device=gt_labels.device).view(-1, 1).expand(-1, n)
@@ -91,6 +95,19 @@ def candidates(anchors, gt_boxes, gt_mask, tiny_box):
         torch.min(ax - grown[..., 0], ay - grown[..., 1]), torch.min(grown[..., 2] - ax, grown[..., 3] - ay)
     )
     return (inside > 1e-9) & gt_mask.bool()
+
+
+def level_by_size(gt_boxes, strides):
+    """(b, n, A) bool: the anchors of the one level at which each box is detected, by its size alone (sqrt(w * h)):
+    the finest level below 8 of its strides (64 px at stride 8), one level coarser per doubling, the coarsest above.
+    For a one-to-one head: where its one positive per object may lie on any level, an object whose size suits two
+    (BCCD's red cells at 320 px, between strides 8 and 16) is the positive of one level in one step and of the
+    other in the next, and each level's branch learns to give it half a score: on the same object twice (a
+    duplicate no NMS removes) and lower than its neighbours (a worse ranking)."""
+    wh = (gt_boxes[..., 2:] - gt_boxes[..., :2]).clamp(min=1e-6)
+    finest, coarsest = strides.min(), strides.max()
+    level = (wh.prod(-1).sqrt() / (4 * finest)).log2().floor()  # b, n: 0 below 8 finest strides, 1 below 16, ...
+    return strides == (finest * 2**level).clamp(finest, coarsest).unsqueeze(-1)
 
 
 def soft_targets(gt_labels, gt_boxes, positive, alignment, overlaps, nc):
