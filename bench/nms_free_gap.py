@@ -11,6 +11,10 @@ weights scored five ways by pycocotools on a dataset's val split, as val.py scor
 - one-to-many + NMS: val.py --nms;
 - one-to-one boxes, both heads' scores: each anchor's one-to-one box scored by the geometric mean of the two heads'
   scores (the one-to-many head ranks crowded objects better; the one-to-one head still suppresses duplicates).
+
+Then where the one-to-one answer's duplicates come from: its detections above score 0.2, best first, each matched to
+the labelled object of its class it overlaps most (IoU 0.5 or more); the first of an object is its detection, a later
+one a duplicate, counted by the pyramid level (stride) of both. On BCCD a red cell's duplicates sat on the other level.
 """
 
 import argparse
@@ -18,6 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torchvision
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -61,6 +66,41 @@ def scored(network, way, loader, names, device, coco_json):
     return evaluate(model, loader, names, device, coco_json)
 
 
+@torch.no_grad()
+def duplicates_by_level(network, loader, device, threshold=0.2):
+    """{(level of an object's first detection, level of a later one): count} and {level: first detections}."""
+    head, duplicates, firsts = network.head, {}, {}
+    head.return_maps = True
+    try:
+        for images, targets, _ in loader:
+            maps = network(images.to(device).float().div_(255))[1]["one2one"]  # as evaluate() feeds it
+            ends = torch.tensor([m.shape[-2] * m.shape[-1] for m in maps], device=device).cumsum(0)
+            decoded = head.decode(maps)
+            anchor, score, cls = head.top_pairs(decoded[..., 4:])
+            boxes = decoded[..., :4].gather(1, anchor.unsqueeze(-1).expand(-1, -1, 4))
+            for i in range(len(images)):
+                gt = targets[targets[:, 0] == i].to(device)
+                keep = score[i] > threshold  # best first already
+                for c in cls[i][keep].unique():
+                    mine, objects = keep & (cls[i] == c), gt[gt[:, 1] == c, 2:]
+                    if not len(objects):
+                        continue
+                    iou = torchvision.ops.box_iou(boxes[i][mine], objects)
+                    levels = torch.bucketize(anchor[i][mine], ends, right=True).tolist()
+                    owner = {}
+                    for row, level in zip(iou, levels):
+                        best = int(row.argmax())
+                        if row[best] < 0.5:
+                            continue
+                        if best in owner:
+                            duplicates[owner[best], level] = duplicates.get((owner[best], level), 0) + 1
+                        else:
+                            owner[best], firsts[level] = level, firsts.get(level, 0) + 1
+    finally:
+        head.return_maps = False
+    return duplicates, firsts
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--weights", required=True, help="a YOLO26 .pt (one with a one-to-one head)")
@@ -88,6 +128,14 @@ def main():
         cells = [f"{m['mAP50-95']:.3f} ({m['mAP50']:.3f})"]
         cells += [f"{c['mAP50-95']:.3f} ({c['mAP50']:.3f})" for c in result["per_class"]]
         print(f"| {way} | " + " | ".join(cells) + " |", flush=True)
+    duplicates, firsts = duplicates_by_level(network, loader, device)
+    strides = network.head.strides
+    print("\none-to-one detections above score 0.2: objects' first detections (duplicates) by stride")
+    print("| stride | first detections | " + " | ".join(f"duplicates at stride {s}" for s in strides) + " |")
+    print("|---" * (len(strides) + 2) + "|")
+    for level, stride in enumerate(strides):
+        counts = [str(duplicates.get((level, other), 0)) for other in range(len(strides))]
+        print(f"| {stride} | {firsts.get(level, 0)} | " + " | ".join(counts) + " |")
 
 
 if __name__ == "__main__":
