@@ -45,12 +45,13 @@ SCALES = {
 # against 11n (bench/RESULTS.md "NMS-free on BCCD"; none reaches 11n's mAP within 0.9x its latency). name: (the
 # scale they change, box bins per side (1: no DFL), box branch width, depthwise 3x3 convs in it, joint: the
 # one-to-one head's loss also trains the network, the one-to-one head's own box bins (0: as the one-to-many's),
-# consistent matching: the one-to-many head's predictions choose the one-to-one head's anchors (utils/loss.py))
+# consistent matching: the one-to-many head's predictions choose the one-to-one head's anchors (utils/loss.py),
+# by size: the one-to-one head's positive for an object lies on the level its size picks (utils/assigner.py))
 VARIANTS = {
-    "26n-d32": ("26n", 16, 32, False, False, 0, False, False),  # DFL at half 11n's width, 0.94x 11n's time at 640 px
+    "26n-d32": ("26n", 16, 32, False, False, 0, False, False),  # DFL at half 11n's width, 0.87x 11n's network time
     "26n-d32-joint": ("26n", 16, 32, False, True, 0, False, False),  # the same network and speed, trained jointly
     "26n-joint": ("26n", 1, 16, False, True, 0, False, False),  # 26n itself, trained jointly
-    # DFL at 24 / 16 channels, trained jointly: 0.95x / 0.94x 11n's mAP on BCCD at 0.93x / 0.90x its network time
+    # DFL at 24 / 16 channels, trained jointly: 0.95x / 0.94x 11n's mAP on BCCD (16: 0.85x its network time)
     "26n-d24-joint": ("26n", 16, 24, False, True, 0, False, False),
     "26n-d16-joint": ("26n", 16, 16, False, True, 0, False, False),
     # 26n-joint whose one-to-one anchors the one-to-many head's predictions pick: NMS-free 0.462 against 0.556

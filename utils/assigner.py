@@ -102,8 +102,8 @@ def level_by_size(gt_boxes, strides):
     the finest level below 8 of its strides (64 px at stride 8), one level coarser per doubling, the coarsest above.
     For a one-to-one head: where its one positive per object may lie on any level, an object whose size suits two
     (BCCD's red cells at 320 px, between strides 8 and 16) is the positive of one level in one step and of the
-    other in the next, and each level's branch learns to give it half a score: on the same object twice (a
-    duplicate no NMS removes) and lower than its neighbours (a worse ranking)."""
+    other in the next, and both levels' branches learn to answer it: the same object twice, a duplicate that only NMS
+    would remove (bench/RESULTS.md "NMS-free on BCCD")."""
     wh = (gt_boxes[..., 2:] - gt_boxes[..., :2]).clamp(min=1e-6)
     finest, coarsest = strides.min(), strides.max()
     level = (wh.prod(-1).sqrt() / (4 * finest)).log2().floor()  # b, n: 0 below 8 finest strides, 1 below 16, ...
