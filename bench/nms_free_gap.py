@@ -68,13 +68,13 @@ def scored(network, way, loader, names, device, coco_json):
 
 @torch.no_grad()
 def duplicates_by_level(network, loader, device, threshold=0.2):
-    """{(level of an object's first detection, level of a later one): count} and {level: first detections}."""
+    """{(stride of an object's first detection, stride of a later one): count} and {stride: first detections}."""
     head, duplicates, firsts = network.head, {}, {}
     head.return_maps = True
     try:
         for images, targets, _ in loader:
             maps = network(images.to(device).float().div_(255))[1]["one2one"]  # as evaluate() feeds it
-            ends = torch.tensor([m.shape[-2] * m.shape[-1] for m in maps], device=device).cumsum(0)
+            strides = head.split(maps)[1].squeeze(-1)  # each anchor's
             decoded = head.decode(maps)
             anchor, score, cls = head.top_pairs(decoded[..., 4:])
             boxes = decoded[..., :4].gather(1, anchor.unsqueeze(-1).expand(-1, -1, 4))
@@ -86,7 +86,7 @@ def duplicates_by_level(network, loader, device, threshold=0.2):
                     if not len(objects):
                         continue
                     iou = torchvision.ops.box_iou(boxes[i][mine], objects)
-                    levels = torch.bucketize(anchor[i][mine], ends, right=True).tolist()
+                    levels = strides[anchor[i][mine]].int().tolist()
                     owner = {}
                     for row, level in zip(iou, levels):
                         best = int(row.argmax())
@@ -133,9 +133,9 @@ def main():
     print("\none-to-one detections above score 0.2: objects' first detections (duplicates) by stride")
     print("| stride | first detections | " + " | ".join(f"duplicates at stride {s}" for s in strides) + " |")
     print("|---" * (len(strides) + 2) + "|")
-    for level, stride in enumerate(strides):
-        counts = [str(duplicates.get((level, other), 0)) for other in range(len(strides))]
-        print(f"| {stride} | {firsts.get(level, 0)} | " + " | ".join(counts) + " |")
+    for stride in strides:
+        counts = [str(duplicates.get((stride, other), 0)) for other in strides]
+        print(f"| {stride} | {firsts.get(stride, 0)} | " + " | ".join(counts) + " |")
 
 
 if __name__ == "__main__":
