@@ -169,6 +169,11 @@ def test_real_data_benchmark_trains_ours_on_voc_as_it_lies_and_scores_it_with_py
                           "one-to-one boxes, both heads' scores"]  # fmt: skip
     assert rows["one-to-one"] == pytest.approx(result_26n["mAP50-95"], abs=6e-4)
     assert rows["one-to-many + NMS"] == pytest.approx(nms["mAP50-95"], abs=6e-4)
+    # then its duplicates by stride: a row per stride, first detections and duplicates at each stride, all counts
+    counts = [line.strip("| ").split(" | ") for line in gap.stdout.splitlines() if line[:4] in ("| 8 ", "| 16", "| 32")]
+    assert [row[0] for row in counts] == ["8", "16", "32"] and all(
+        len(r) == 5 and all(map(str.isdigit, r)) for r in counts
+    )
 
     gt = json.loads((out / "data" / "val_gt.json").read_text())  # the ground truth both sides are scored against
     assert sorted(im["file_name"] for im in gt["images"]) == [f"{i}.jpg" for i in ids[6:]]
