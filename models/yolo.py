@@ -14,6 +14,7 @@ Output in eval:     (batch, anchors, 4 + nc) = x1 y1 x2 y2 in input pixels, then
 
 import contextlib
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -41,32 +42,42 @@ SCALES = {
     "26l": (1.00, 1.00, 512),
     "26x": (1.00, 1.50, 512),
 }
-# NMS-free variants of YOLO26n that change only its box branch or how its one-to-one head trains, measured on BCCD
-# against 11n (bench/RESULTS.md "NMS-free on BCCD"; none reaches 11n's mAP within 0.9x its latency). name: (the
-# scale they change, box bins per side (1: no DFL), box branch width, depthwise 3x3 convs in it, joint: the
-# one-to-one head's loss also trains the network, the one-to-one head's own box bins (0: as the one-to-many's),
-# consistent matching: the one-to-many head's predictions choose the one-to-one head's anchors (utils/loss.py),
-# by size: the one-to-one head's positive for an object lies on the level its size picks (utils/assigner.py))
+
+
+class Variant(NamedTuple):
+    """What a variant of YOLO26n changes: its box branch, or how its one-to-one head trains. The defaults are 26n's."""
+
+    scale: str = "26n"  # the model it changes
+    bins: int = 1  # box bins per side: 1, no DFL (26n's); 16, DFL (11n's); 0: the family's
+    box_width: int = 16  # the box branch's hidden width: 16 is 26n's, 64 11n's; 0: the usual rule (models/head.py)
+    depthwise_box: bool = False  # the box branch's 3x3 convs depthwise, each followed by a 1x1 (YOLO11's class branch)
+    joint: bool = False  # the one-to-one head's loss trains the network too (Ultralytics detaches its features)
+    one2one_bins: int = 0  # the one-to-one head's own box bins (its branch then has the usual width); 0: as above
+    consistent: bool = False  # the one-to-many head's predictions choose the one-to-one head's anchors (utils/loss.py)
+    by_size: bool = False  # the one-to-one positive of an object lies on the level its size picks (utils/assigner.py)
+
+
+# NMS-free variants of YOLO26n, measured on BCCD against 11n (bench/RESULTS.md "NMS-free on BCCD"; none reaches 11n's
+# mAP within 0.9x its latency). Network times are ONNX Runtime's at 640 px.
 VARIANTS = {
-    "26n-d32": ("26n", 16, 32, False, False, 0, False, False),  # DFL at half 11n's width, 0.87x 11n's network time
-    "26n-d32-joint": ("26n", 16, 32, False, True, 0, False, False),  # the same network and speed, trained jointly
-    "26n-joint": ("26n", 1, 16, False, True, 0, False, False),  # 26n itself, trained jointly
+    "26n-d32": Variant(bins=16, box_width=32),  # DFL at half 11n's width, 0.87x 11n's network time
+    "26n-d32-joint": Variant(bins=16, box_width=32, joint=True),  # the same network and speed, trained jointly
+    "26n-joint": Variant(joint=True),  # 26n itself, trained jointly
     # DFL at 24 / 16 channels, trained jointly: 0.95x / 0.94x 11n's mAP on BCCD (16: 0.85x its network time)
-    "26n-d24-joint": ("26n", 16, 24, False, True, 0, False, False),
-    "26n-d16-joint": ("26n", 16, 16, False, True, 0, False, False),
+    "26n-d24-joint": Variant(bins=16, box_width=24, joint=True),
+    "26n-d16-joint": Variant(bins=16, joint=True),
     # 26n-joint whose one-to-one anchors the one-to-many head's predictions pick: NMS-free 0.462 against 0.556
-    "26n-cm": ("26n", 1, 16, False, True, 0, True, False),
+    "26n-cm": Variant(joint=True, consistent=True),
     # 26n's network and answer, trained jointly beside a one-to-many head with 11n's DFL box branch, which runs
     # only in training and for --nms: the NMS-free answer costs what 26n's does (and scores as 26n-joint's)
-    "26n-aux": ("26n", 16, 64, False, True, 1, False, False),
-    "26n-d16": ("26n", 16, 16, False, False, 0, False, False),  # DFL at 26n's width
-    # DFL at 11n's width, depthwise (YOLO11's class-branch design)
-    "26n-dw": ("26n", 16, 64, True, False, 0, False, False),
-    "26n-b64": ("26n", 1, 64, False, False, 0, False, False),  # 11n's width without DFL
+    "26n-aux": Variant(bins=16, box_width=64, joint=True, one2one_bins=1),
+    "26n-d16": Variant(bins=16),  # DFL at 26n's width
+    "26n-dw": Variant(bins=16, box_width=64, depthwise_box=True),  # DFL at 11n's width, depthwise
+    "26n-b64": Variant(box_width=64),  # 11n's width without DFL
     # 26n-joint / 26n-d32-joint whose one-to-one head detects each object at the one level its size picks
     # (utils/assigner.py level_by_size): no duplicates of one object on two levels
-    "26n-level": ("26n", 1, 16, False, True, 0, False, True),
-    "26n-d32-level": ("26n", 16, 32, False, True, 0, False, True),
+    "26n-level": Variant(joint=True, by_size=True),
+    "26n-d32-level": Variant(bins=16, box_width=32, joint=True, by_size=True),
 }
 MODELS = [*SCALES, *VARIANTS]  # every name --model takes
 
@@ -109,9 +120,8 @@ class YOLO(nn.Module):
         if scale not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {scale!r}")
         self.scale, self.nc = scale, nc
-        scale, variant_bins, box_width, light_box, joint, one2one_bins, consistent, by_size = VARIANTS.get(
-            scale, (scale, 0, 0, False, False, 0, False, False)
-        )
+        variant = VARIANTS.get(scale, Variant(scale, bins=0, box_width=0))  # a scale itself: the family's head
+        scale = variant.scale
         depth, width, max_ch = SCALES[scale]
         # Recompute activations in backward instead of storing them (pitfall E2: spend compute to save memory).
         self.checkpoint_activations = checkpoint_activations
@@ -137,10 +147,13 @@ class YOLO(nn.Module):
             self.down_p3, self.bottom4 = Conv(c3, c3, 3, 2), C3k2(c3 + c4, c4, n2, deep_neck)
             self.down_p4 = Conv(c4, c4, 3, 2)
             self.bottom5 = C3k2(c4 + c5, c5, 1, True, attention=True) if yolo26 else C3k2(c4 + c5, c5, n2, True)
-            reg_max = reg_max or variant_bins or (1 if yolo26 else 16)
-            self.head = Detect(nc, (c3, c4, c5), reg_max, True, cls_width, yolo26, box_width, light_box, one2one_bins)
-            self.head.detach_one2one, self.head.consistent_matching = not joint, consistent
-            self.head.one2one_by_size = by_size
+            v = variant
+            reg_max = reg_max or v.bins or (1 if yolo26 else 16)
+            self.head = Detect(
+                nc, (c3, c4, c5), reg_max, True, cls_width, yolo26, v.box_width, v.depthwise_box, v.one2one_bins
+            )
+            self.head.detach_one2one, self.head.consistent_matching = not v.joint, v.consistent
+            self.head.one2one_by_size = v.by_size
         else:
             n3, n6 = max(round(3 * depth), 1), max(round(6 * depth), 1)
             # backbone

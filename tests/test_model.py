@@ -55,7 +55,8 @@ def test_each_yolo26_variant_changes_only_its_box_branches_and_a_checkpoint_rebu
     both heads (its bins per side, width, depthwise convs), still answering without NMS; val.py, detect.py and
     export.py rebuild it from a checkpoint that names it. A joint variant's one-to-one loss trains the network too,
     the others' leaves it to the one-to-many head."""
-    scale, bins, width, depthwise, joint, one2one_bins, _, _ = VARIANTS[name]
+    v = VARIANTS[name]
+    scale, bins, width, one2one_bins = v.scale, v.bins, v.box_width, v.one2one_bins
     torch.manual_seed(0)
     base, variant = YOLO(scale, nc=3), YOLO(name, nc=3)
     outside_box = lambda m: {k: v.shape for k, v in m.state_dict().items() if "box." not in k}  # noqa: E731
@@ -68,7 +69,7 @@ def test_each_yolo26_variant_changes_only_its_box_branches_and_a_checkpoint_rebu
             continue
         assert all(level[-1].in_channels == width and level[-1].out_channels == 4 * bins for level in boxes)
         grouped = [m for m in boxes.modules() if isinstance(m, torch.nn.Conv2d) and m.groups > 1]
-        assert len(grouped) == (6 if depthwise else 0)  # two depthwise 3x3 per level
+        assert len(grouped) == (6 if v.depthwise_box else 0)  # two depthwise 3x3 per level
     maps = variant.train()(torch.rand(2, 3, 64, 96))
     o = 4 * (one2one_bins or bins) + 3
     assert [tuple(m.shape) for m in maps["one2one"]] == [(2, o, 8, 12), (2, o, 4, 6), (2, o, 2, 3)]
@@ -77,7 +78,7 @@ def test_each_yolo26_variant_changes_only_its_box_branches_and_a_checkpoint_rebu
     loss, parts = loss_fn(maps, torch.tensor([[0.0, 1, 10, 12, 40, 50], [1, 2, 50, 8, 90, 60]]))
     assert torch.isfinite(loss) and (parts > 0).all() and loss_fn.names[2] == ("dfl" if o > 7 else "l1")
     sum(m.sum() for m in maps["one2one"]).backward()
-    assert (variant.stem.conv.weight.grad is not None) == joint
+    assert (variant.stem.conv.weight.grad is not None) == v.joint
     ckpt = {"scale": name, "nc": 3, "names": ["a", "b", "c"], "imgsz": 64, "model": variant.state_dict()}
     rebuilt, x = model_from_checkpoint(ckpt), torch.rand(1, 3, 160, 160)  # loaded strictly: every tensor fits
     with torch.no_grad():
