@@ -85,6 +85,7 @@ RUNS = {
     "ours-26n-d16-joint": ("ours", [*RECIPE, "--model", "26n-d16-joint"]),  # DFL, 16-wide box branch, joint
     "ours-26n-level": ("ours", [*RECIPE, "--model", "26n-level"]),  # 26n-joint, each object on one level
     "ours-26n-d32-level": ("ours", [*RECIPE, "--model", "26n-d32-level"]),  # 26n-d32-joint, the same
+    "ours-26n-dw-level": ("ours", [*RECIPE, "--model", "26n-dw-level"]),  # 26n-dw, joint, each object on one level
     "ours-26n-cm": ("ours", [*RECIPE, "--model", "26n-cm"]),  # 26n-joint, its one-to-one anchors chosen by the other
     "ours-26n-aux": ("ours", [*RECIPE, "--model", "26n-aux"]),  # 26n-joint beside a DFL one-to-many head
     "ours-26n-joint-o2m08": ("ours", [*RECIPE, "--model", "26n-joint", "--o2m-final", "0.8"]),  # no ProgLoss decay
