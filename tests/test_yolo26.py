@@ -1,0 +1,190 @@
+"""YOLO26: its two heads, the NMS-free answer, the variants of its box branch and how its one-to-one head is
+assigned and trained (models/head.py, models/yolo.py VARIANTS, utils/assigner.py, utils/loss.py)."""
+
+import numpy as np
+import pytest
+import torch
+from assign_helpers import anchors_for, assign
+
+from models.weights import model_from_checkpoint
+from models.yolo import VARIANTS, YOLO, count_gflops
+from utils.assigner import level_by_size
+from utils.loss import DetectionLoss, one_to_many_weight
+
+
+def test_yolo26_trains_two_heads_without_dfl_and_answers_final_detections():
+    model = YOLO("26n", nc=7)
+    x = torch.rand(2, 3, 64, 96)
+    maps = model.train()(x)
+    shapes = [(2, 4 + 7, 8, 12), (2, 4 + 7, 4, 6), (2, 4 + 7, 2, 3)]  # 4 distances, no DFL bins
+    for branch in ("one2many", "one2one"):
+        assert [tuple(m.shape) for m in maps[branch]] == shapes
+    # the one-to-one branch sees detached features: its loss leaves the network to the one-to-many branch
+    maps["one2one"][0].sum().backward()
+    assert model.stem.conv.weight.grad is None and model.head.one2one_box[0][0].conv.weight.grad is not None
+    model.eval()
+    with torch.no_grad():
+        out = model(x)
+    assert model.end2end and out.shape == (2, 8 * 12 + 4 * 6 + 2 * 3, 6)  # fewer anchors than 300: all of them
+    assert (out[..., 4] >= 0).all() and (out[..., 4] <= 1).all() and (out[..., 4].diff(dim=1) <= 0).all()
+    assert ((out[..., 5] >= 0) & (out[..., 5] < 7) & (out[..., 5] == out[..., 5].round())).all()
+    with torch.no_grad():
+        assert model(torch.rand(1, 3, 160, 160)).shape == (1, 300, 6)  # 525 anchors: the best 300
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_each_yolo26_variant_changes_only_its_box_branches_and_a_checkpoint_rebuilds_it(name):
+    """--model 26n-d32 etc. (the NMS-free variants measured on BCCD): the scale's network but for the box branch of
+    both heads (its bins per side, width, depthwise convs), still answering without NMS; val.py, detect.py and
+    export.py rebuild it from a checkpoint that names it. A joint variant's one-to-one loss trains the network too,
+    the others' leaves it to the one-to-many head."""
+    v = VARIANTS[name]
+    scale, bins, width, one2one_bins = v.scale, v.bins, v.box_width, v.one2one_bins
+    torch.manual_seed(0)
+    base, variant = YOLO(scale, nc=3), YOLO(name, nc=3)
+    outside_box = lambda m: {k: v.shape for k, v in m.state_dict().items() if "box." not in k}  # noqa: E731
+    assert outside_box(variant) == outside_box(base) and variant.head.reg_max == bins
+    for boxes in (variant.head.box, variant.head.one2one_box):
+        own = boxes is variant.head.one2one_box and one2one_bins  # the one-to-one head's own: 26n's box branch
+        if own:  # and the NMS-free answer costs what the scale's does: its one-to-many head does not run
+            assert [str(level) for level in boxes] == [str(level) for level in base.head.one2one_box]
+            assert count_gflops(variant, 160) == count_gflops(base, 160)
+            continue
+        assert all(level[-1].in_channels == width and level[-1].out_channels == 4 * bins for level in boxes)
+        grouped = [m for m in boxes.modules() if isinstance(m, torch.nn.Conv2d) and m.groups > 1]
+        assert len(grouped) == (6 if v.depthwise_box else 0)  # two depthwise 3x3 per level
+    maps = variant.train()(torch.rand(2, 3, 64, 96))
+    o = 4 * (one2one_bins or bins) + 3
+    assert [tuple(m.shape) for m in maps["one2one"]] == [(2, o, 8, 12), (2, o, 4, 6), (2, o, 2, 3)]
+    # each head's loss reads its own bins (26n-aux: DFL one-to-many, L1 one-to-one); the parts are the one-to-one's
+    loss_fn = DetectionLoss(variant.head)
+    loss, parts = loss_fn(maps, torch.tensor([[0.0, 1, 10, 12, 40, 50], [1, 2, 50, 8, 90, 60]]))
+    assert torch.isfinite(loss) and (parts > 0).all() and loss_fn.names[2] == ("dfl" if o > 7 else "l1")
+    sum(m.sum() for m in maps["one2one"]).backward()
+    assert (variant.stem.conv.weight.grad is not None) == v.joint
+    ckpt = {"scale": name, "nc": 3, "names": ["a", "b", "c"], "imgsz": 64, "model": variant.state_dict()}
+    rebuilt, x = model_from_checkpoint(ckpt), torch.rand(1, 3, 160, 160)  # loaded strictly: every tensor fits
+    with torch.no_grad():
+        assert variant.eval()(x).shape == (1, 300, 6) and rebuilt.end2end  # 525 anchors: the best 300
+        rebuilt.end2end = variant.end2end = False  # per anchor (the top 300 of an untrained model are near ties)
+        assert torch.allclose(rebuilt(x), variant(x), atol=1e-4)
+
+
+def test_yolo26_answers_with_its_one_to_many_head_for_nms_when_asked():
+    """val.py / detect.py / export.py --nms: end2end = False makes eval answer per anchor, from the one-to-many
+    branch (what NMS then reduces), and True brings the NMS-free head back; a model without one refuses."""
+    model = YOLO("26n", nc=7).eval()
+    with torch.no_grad():  # the two branches start as copies: tell them apart
+        model.head.one2one_cls[0][-1].bias += 1.0
+    x = torch.rand(2, 3, 64, 96)
+    model.end2end = False
+    model.head.return_maps = True
+    with torch.no_grad():
+        out, maps = model(x)
+    assert out.shape == (2, 8 * 12 + 4 * 6 + 2 * 3, 4 + 7) and not model.end2end
+    assert torch.equal(out, model.head.decode(maps["one2many"]))
+    assert not torch.allclose(out, model.head.decode(maps["one2one"]))
+    model.end2end, model.head.return_maps = True, False
+    with torch.no_grad():
+        assert model(x).shape == (2, 8 * 12 + 4 * 6 + 2 * 3, 6)
+    with pytest.raises(ValueError, match="no one-to-one head"):
+        YOLO("n", nc=7).end2end = True
+
+
+def test_yolo26_detections_are_the_best_anchor_class_pairs():
+    model = YOLO("26n", nc=3).eval()
+    model.head.max_det = 4
+    decoded = torch.zeros(1, 6, 4 + 3)
+    decoded[0, :, :4] = torch.arange(6.0)[:, None]  # anchor i's box is (i, i, i, i)
+    decoded[0, :, 4:] = torch.tensor([[0.1, 0.0, 0], [0.9, 0.8, 0], [0, 0, 0.3], [0.2, 0, 0], [0, 0.7, 0], [0, 0, 0]])
+    out = model.head.top_detections(decoded)[0]
+    # the 4 anchors with the best top score are 1, 4, 2, 3; their 4 best (anchor, class) pairs, one anchor twice
+    assert out[:, 4].tolist() == pytest.approx([0.9, 0.8, 0.7, 0.3])
+    assert out[:, 5].tolist() == [0, 1, 1, 2] and out[:, 0].tolist() == [1, 1, 4, 2]
+
+
+@pytest.mark.parametrize("name", ["26n", "26n-d32-joint"])
+def test_yolo26_decodes_only_the_boxes_it_answers_with_and_answers_the_same(name):
+    """The NMS-free answer picks its detections by score first and decodes only their boxes (DFL's softmax over
+    300 anchors, not all of them): bitwise what decoding every anchor and then picking gives, with and without DFL."""
+    torch.manual_seed(0)
+    model = YOLO(name, nc=3).eval()
+    with torch.no_grad():  # trained-looking heads: spread scores and boxes
+        for p in model.head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.head.return_maps = True
+    with torch.no_grad():
+        out, maps = model(torch.rand(2, 3, 320, 256))
+        assert out.shape == (2, 300, 6)
+        assert torch.equal(out, model.head.top_detections(model.head.decode(maps["one2one"])))
+
+
+def test_one_to_one_assignment_by_size_puts_each_object_on_one_level():
+    """--model 26n-level: each object's one-to-one positive lies on the level its size picks (under 64 px: stride 8,
+    under 128: 16, then 32), where the usual assignment takes whichever level aligns best (here not always that)."""
+    _, strides = anchors_for(320)
+    strides = strides.squeeze(-1)
+    boxes = [(0, 20, 20, 70, 70), (1, 100, 100, 190, 190), (2, 10, 10, 300, 300)]  # sizes 50, 90, 290 px
+    picked = {}
+    for levels in (None, strides):
+        _, (_, _, fg, index) = assign([boxes], size=320, topk=7, keep=1, levels=levels)
+        picked[levels is None] = sorted((int(index[0, a]), int(strides[a])) for a in fg[0].nonzero().flatten())
+    assert picked[False] == [(0, 8), (1, 16), (2, 32)] and picked[True] != picked[False]
+    sides = torch.tensor([[[0.0, 0, 63.9, 63.9], [0, 0, 64, 64], [0, 0, 32, 128], [0, 0, 127, 127], [0, 0, 900, 900]]])
+    chosen = level_by_size(sides, torch.tensor([8.0, 16, 32]))  # one stride per box: each box's row has one True
+    assert chosen.sum(-1).tolist() == [[1] * 5] and chosen.float().argmax(-1).tolist() == [[0, 1, 1, 1, 2]]
+    assert DetectionLoss(YOLO("26n-level", nc=3).head).one2one_by_size
+    assert not DetectionLoss(YOLO("26n-joint", nc=3).head).one2one_by_size
+
+
+def test_yolo26_loss_one_positive_per_object_progressive_weight_and_it_learns():
+    assert [round(one_to_many_weight(e, 8), 4) for e in (0, 4, 7, 9)] == [0.8, 0.4, 0.1, 0.1]  # linear, then held
+    assert [one_to_many_weight(e, 8, final=0.8) for e in (0, 4, 7)] == [0.8, 0.8, 0.8]  # --o2m-final 0.8: constant
+    _, (_, _, fg, assigned) = assign([[(0, 4, 4, 40, 40), (1, 30, 20, 60, 60)]], keep=1)
+    assert fg.sum() == 2 and sorted(assigned[fg].tolist()) == [0, 1]  # the one-to-one rule: one anchor per box
+    torch.manual_seed(0)
+    model = YOLO("26n", nc=3).train()
+    loss_fn = DetectionLoss(model.head, epochs=10)
+    images = torch.rand(2, 3, 64, 64)
+    targets = torch.tensor([[0, 0, 8, 8, 40, 36], [0, 2, 30, 30, 60, 62], [1, 1, 4, 20, 24, 44]])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    history = []
+    for _ in range(25):
+        loss, parts = loss_fn(model(images), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        history.append(loss.item())
+    assert np.mean(history[-5:]) < 0.5 * np.mean(history[:5]) and parts.shape == (3,)
+    maps = model(images)
+    loss_fn.epoch = 9  # the last epoch: 0.1 one-to-many, 0.9 one-to-one
+    late = loss_fn(maps, targets)[0]
+    padded = loss_fn.padded(targets, images)
+    one2one = loss_fn.fp32_loss(maps["one2one"], padded, topk=7, keep=1)[0]
+    one2many = loss_fn.fp32_loss(maps["one2many"], padded)[0]
+    assert torch.allclose(late, 0.1 * one2many + 0.9 * one2one)
+
+
+def test_consistent_matching_gives_the_one_to_one_head_an_anchor_the_one_to_many_head_chose():
+    """--model 26n-cm (YOLOv10's consistent matching): the one-to-many branch's predictions, not the one-to-one
+    branch's own, choose the one-to-one branch's anchor per object, so each is among the one-to-many's positives;
+    26n-joint, the same network, keeps choosing by its own predictions."""
+    torch.manual_seed(0)
+    model = YOLO("26n-cm", nc=3).train()
+    with torch.no_grad():  # the two branches start as copies: tell them apart
+        for level in [*model.head.one2one_cls, *model.head.one2one_box]:
+            level[-1].weight.normal_(0, 0.3)
+    images = torch.rand(2, 3, 64, 64)
+    targets = torch.tensor([[0, 0, 8, 8, 40, 36], [0, 2, 30, 30, 60, 62], [1, 1, 4, 20, 24, 44], [1, 0, 20, 4, 56, 30]])
+    maps, loss_fn = model(images), DetectionLoss(model.head, epochs=10)
+    loss_fn.epoch = 9  # 0.1 one-to-many, 0.9 one-to-one
+    padded = loss_fn.padded(targets, images)
+    many, one = maps["one2many"], maps["one2one"]
+    guided = loss_fn.fp32_loss(one, padded, topk=7, keep=1, guide=many)[0]
+    assert torch.allclose(loss_fn(maps, targets)[0], 0.1 * loss_fn.fp32_loss(many, padded)[0] + 0.9 * guided)
+    assert not torch.allclose(guided, loss_fn.fp32_loss(one, padded, topk=7, keep=1)[0])  # the guide matters
+    _, _, logits, boxes, anchors, strides = loss_fn.predictions(many)
+    fg_many = loss_fn.assign(logits, boxes, anchors, strides, padded, dict(topk=10, keep=None))[2]
+    fg_one = loss_fn.assign(logits, boxes, anchors, strides, padded, dict(topk=7, keep=1))[2]
+    assert fg_one.sum(1).tolist() == [2, 2] and (fg_one <= fg_many).all()
+    assert not DetectionLoss(YOLO("26n-joint", nc=3).head).consistent_matching
