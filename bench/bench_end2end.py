@@ -35,6 +35,7 @@ from models.predict import detect_image, load  # noqa: E402
 from utils.checkpoints.ours import load_checkpoint  # noqa: E402
 from utils.data.dataset_yaml import load_dataset_yaml  # noqa: E402
 from utils.data.labels import list_images  # noqa: E402
+from utils.export.loaders import onnx_session  # noqa: E402
 
 
 def export(weights, size, folder, data):
@@ -52,7 +53,7 @@ def export(weights, size, folder, data):
 
 def ultralytics_end2end(path):
     """An Ultralytics end-to-end .onnx (YOLO26: output (1, 300, 6) x1 y1 x2 y2 score class) as a model dict."""
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = onnx_session(path)  # subnormals flushed, as ours (utils/export/loaders.py)
     shape = session.get_inputs()[0].shape[2:]
     name = session.get_inputs()[0].name
     if session.get_outputs()[0].shape[-1] != 6:
@@ -88,6 +89,7 @@ def main():
     parser.add_argument("--ultralytics-onnx", nargs="*", default=[], help="Ultralytics end-to-end .onnx files")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the torch side is only NMS and the letterbox; ORT runs with its own threads
+    torch.set_flush_denormal(True)  # Ultralytics' session runs on this thread as ours does (utils/export/loaders.py)
     data = args.data or load_checkpoint(args.weights[0])["args"]["data"]
     files = list_images(load_dataset_yaml(data)["val"])[: args.images]
     images = [cv2.cvtColor(cv2.imread(str(f)), cv2.COLOR_BGR2RGB) for f in files]
