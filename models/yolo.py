@@ -78,7 +78,8 @@ VARIANTS = {
     # (utils/assigner.py level_by_size): no duplicates of one object on two levels
     "26n-level": Variant(joint=True, by_size=True),
     "26n-d32-level": Variant(bins=16, box_width=32, joint=True, by_size=True),
-    "26n-dw-level": Variant(bins=16, box_width=64, depthwise_box=True, joint=True, by_size=True),  # 26n-dw, the same
+    # 26n-dw, the same: 0.570 at seed 0 against 26n-d32-level's 0.585, at 26n-level's speed
+    "26n-dw-level": Variant(bins=16, box_width=64, depthwise_box=True, joint=True, by_size=True),
 }
 MODELS = [*SCALES, *VARIANTS]  # every name --model takes
 
