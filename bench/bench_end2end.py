@@ -35,7 +35,7 @@ from models.predict import detect_image, load  # noqa: E402
 from utils.checkpoints.ours import load_checkpoint  # noqa: E402
 from utils.data.dataset_yaml import load_dataset_yaml  # noqa: E402
 from utils.data.labels import list_images  # noqa: E402
-from utils.export.loaders import onnx_session  # noqa: E402
+from utils.export.loaders import onnx_session, subnormals_flushed  # noqa: E402
 
 
 def export(weights, size, folder, data):
@@ -58,7 +58,11 @@ def ultralytics_end2end(path):
     name = session.get_inputs()[0].name
     if session.get_outputs()[0].shape[-1] != 6:
         sys.exit(f"error: {path}: expected an end-to-end output (batch, 300, 6), got {session.get_outputs()[0].shape}")
-    run = lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])  # noqa: E731
+
+    def run(x):
+        with subnormals_flushed():
+            return torch.from_numpy(session.run(None, {name: x.numpy()})[0])
+
     return {"run": run, "imgsz": tuple(shape), "nms": None, "end2end": True, "weights": str(path)}
 
 
@@ -89,7 +93,6 @@ def main():
     parser.add_argument("--ultralytics-onnx", nargs="*", default=[], help="Ultralytics end-to-end .onnx files")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the torch side is only NMS and the letterbox; ORT runs with its own threads
-    torch.set_flush_denormal(True)  # Ultralytics' session runs on this thread as ours does (utils/export/loaders.py)
     data = args.data or load_checkpoint(args.weights[0])["args"]["data"]
     files = list_images(load_dataset_yaml(data)["val"])[: args.images]
     images = [cv2.cvtColor(cv2.imread(str(f)), cv2.COLOR_BGR2RGB) for f in files]

@@ -230,9 +230,10 @@ def test_bad_checkpoints_get_one_sentence(exported, tmp_path):
 
 def test_onnx_runtime_treats_subnormal_floats_as_zero(exported, tmp_path):
     """Subnormal floats (below 1.2e-38), which some trained networks produce in their activations, take an x86 CPU
-    many times longer per op (two YOLO26 checkpoints ran 35% slower for it). The sessions opened here flush them, on
+    many times longer per op (two YOLO26 checkpoints ran a third slower for it). Running a .onnx flushes them, on
     ONNX Runtime's pool threads and on the thread that runs the file: a large multiply of subnormals gives zeros,
-    where a plain session keeps them. In a fresh process: ORT's flushing outlives its sessions within one."""
+    where a plain session keeps them; and the calling thread's flag is as it was afterwards (hypothesis refuses to
+    run in a process that flushes them). In a fresh process: ORT's flushing outlives its sessions within one."""
     x, y = (onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1 << 20]) for n in "xy")
     two = onnx.helper.make_tensor("two", onnx.TensorProto.FLOAT, [1], [2.0])
     graph = onnx.helper.make_graph([onnx.helper.make_node("Mul", ["x", "two"], ["y"])], "mul", [x], [y], [two])
@@ -242,18 +243,27 @@ def test_onnx_runtime_treats_subnormal_floats_as_zero(exported, tmp_path):
     script = f"""
 import numpy as np, onnxruntime, torch
 from calibrated_model import batch_of
-from utils.export.loaders import onnx_session
+from utils.export.loaders import onnx_session, subnormals_flushed
 from utils.inference import load_exported
 tiny, mul = np.full(1 << 20, 1e-39, np.float32), {str(tmp_path / "mul.onnx")!r}
+kept = lambda: (torch.tensor([1e-39]) * 2).item() != 0
 plain = onnxruntime.InferenceSession(mul, providers=["CPUExecutionProvider"])
 assert plain.run(None, {{"x": tiny}})[0].all(), "subnormals kept by default (else this test could not fail)"
 session = onnx_session(mul)  # ORT's own threads: how much of an op they run varies, so the option is read back
 assert session.get_session_options().get_session_config_entry("session.set_denormal_as_zero") == "1"
-torch.set_flush_denormal(True)
-assert not session.run(None, {{"x": tiny}})[0].any(), "subnormals left by onnx_session"
-torch.set_flush_denormal(False)
-load_exported({str(exported.with_suffix(".onnx"))!r})["run"](batch_of([2], 64, 64))
-assert (torch.tensor([1e-39]) * 2).item() == 0, "running a .onnx left this thread's subnormals"
+assert kept(), "opening the session left the thread flushing (ORT sets the flag where a session is made)"
+with subnormals_flushed():
+    assert not session.run(None, {{"x": tiny}})[0].any(), "subnormals left by onnx_session"
+    assert not kept()
+assert kept(), "subnormals_flushed left the thread flushing"
+onnx_model = load_exported({str(exported.with_suffix(".onnx"))!r})
+seen = []
+torch.set_flush_denormal = lambda on, real=torch.set_flush_denormal: seen.append(on) or real(on)
+onnx_model["run"](batch_of([2], 64, 64))
+assert seen == [True, False] and kept(), f"running a .onnx set the flag {{seen}}, not on then back off"
+with subnormals_flushed():
+    onnx_model["run"](batch_of([2], 64, 64))
+    assert not kept(), "running a .onnx turned off a flag that was on before it"
 """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
