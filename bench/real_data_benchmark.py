@@ -86,6 +86,8 @@ RUNS = {
     "ours-26n-level": ("ours", [*RECIPE, "--model", "26n-level"]),  # 26n-joint, each object on one level
     "ours-26n-d32-level": ("ours", [*RECIPE, "--model", "26n-d32-level"]),  # 26n-d32-joint, the same
     "ours-26n-dw-level": ("ours", [*RECIPE, "--model", "26n-dw-level"]),  # 26n-dw, joint, each object on one level
+    "ours-n-lr4": ("ours", [*RECIPE, "--lr0", "0.004"]),  # twice the rate: from scratch, with a step per batch
+    "ours-n-lr1": ("ours", [*RECIPE, "--lr0", "0.001"]),  # half of it
     # 26n-d32-level whose one-to-many loss keeps half the weight to the end (ProgLoss falls to 0.1 otherwise)
     "ours-26n-d32-level-o2m05": ("ours", [*RECIPE, "--model", "26n-d32-level", "--o2m-final", "0.5"]),
     "ours-26n-cm": ("ours", [*RECIPE, "--model", "26n-cm"]),  # 26n-joint, its one-to-one anchors chosen by the other
