@@ -312,7 +312,9 @@ def main():
     parser.add_argument("--device", default="cpu", help="cpu or a GPU index; fp32 on both sides either way")
     parser.add_argument("--jobs", type=int, default=1, help="cells at once (on a GPU: several share it)")
     parser.add_argument("--table", action="store_true", help="only print the table of the cells run so far")
-    parser.add_argument("--ours-args", type=shlex.split, default=[], help="train.py flags added to every cell of ours")
+    parser.add_argument(
+        "--ours-args", type=shlex.split, default=[], help="train.py flags added to every cell of ours (not one it sets)"
+    )
     args = parser.parse_args()
     out = Path(args.out).resolve()
     if not args.table:
@@ -320,6 +322,12 @@ def main():
             sys.exit(f"--voc {args.voc}: give the Pascal VOC folder (Annotations/, JPEGImages/, ImageSets/Main/)")
         if any(run.startswith(("ours-ft", "peer-ft")) for run in args.runs) and not Path(args.weights).is_file():
             sys.exit(f"--weights {args.weights!r}: the *-ft runs fine-tune this .pt; give an existing file")
+        for run in args.runs:  # a run's own flags win over --ours-args: say so rather than run the same cell twice
+            clash = [a for a in args.ours_args if a.startswith("--") and a in RUNS[run][1] and RUNS[run][0] == "ours"]
+            if clash:
+                sys.exit(
+                    f"--ours-args {' '.join(clash)}: run {run} sets it itself, and its value wins; add a run to RUNS"
+                )
         args.weights = str(Path(args.weights).resolve()) if args.weights else ""  # the cells run in the repo
         if any(RUNS[run][0] == "peer" for run in args.runs):  # now, not after the first cells of ours
             args.peer_python = find_peer_python(args.peer_python)

@@ -107,6 +107,17 @@ def test_recipe_benchmark_without_a_peer_python_says_so_before_running_anything(
     assert not (tmp_path / "out" / "data").exists()
 
 
+def test_real_data_benchmark_refuses_ours_args_that_a_run_sets_itself(tmp_path):
+    """--ours-args "--lr0 0.004" with ours-n would train at the recipe's 0.002 (a run's own flags win), a cell that
+    looks like an experiment and is the baseline: one sentence, before anything runs."""
+    write_voc(tmp_path / "VOC", n_train=1, n_val=1)
+    command = [sys.executable, "bench/real_data_benchmark.py", "--voc", str(tmp_path / "VOC"), "--runs", "ours-n"]
+    command += ["--ours-args", "--lr0 0.004", "--out", str(tmp_path / "out")]
+    r = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "--ours-args --lr0: run ours-n sets it itself" in r.stderr
+    assert "\n" not in r.stderr.strip() and not (tmp_path / "out" / "data").exists()
+
+
 def write_voc(root, n_train=6, n_val=3, size=96):
     """A tiny Pascal VOC folder: bright rectangles of 2 classes on noise, one `difficult` box in the first val image."""
     import cv2
