@@ -52,7 +52,7 @@ class Variant(NamedTuple):
     box_width: int = 16  # the box branch's hidden width: 16 is 26n's, 64 11n's; 0: the usual rule (models/head.py)
     depthwise_box: bool = False  # the box branch's 3x3 convs depthwise, each followed by a 1x1 (YOLO11's class branch)
     joint: bool = False  # the one-to-one head's loss trains the network too (Ultralytics detaches its features)
-    one2one_bins: int = 0  # the one-to-one head's own box bins (its branch then has the usual width); 0: as above
+    one2one_bins: int = 0  # the one-to-one head's own box bins (its branch then has the usual width); 0: `bins`
     consistent: bool = False  # the one-to-many head's predictions choose the one-to-one head's anchors (utils/loss.py)
     by_size: bool = False  # the one-to-one positive of an object lies on the level its size picks (utils/assigner.py)
 
@@ -122,8 +122,8 @@ class YOLO(nn.Module):
         if scale not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {scale!r}")
         self.scale, self.nc = scale, nc
-        variant = VARIANTS.get(scale, Variant(scale, bins=0, box_width=0))  # a scale itself: the family's head
-        scale = variant.scale
+        v = VARIANTS.get(scale, Variant(scale, bins=0, box_width=0))  # a scale itself: the family's head
+        scale = v.scale
         depth, width, max_ch = SCALES[scale]
         # Recompute activations in backward instead of storing them (pitfall E2: spend compute to save memory).
         self.checkpoint_activations = checkpoint_activations
@@ -149,7 +149,6 @@ class YOLO(nn.Module):
             self.down_p3, self.bottom4 = Conv(c3, c3, 3, 2), C3k2(c3 + c4, c4, n2, deep_neck)
             self.down_p4 = Conv(c4, c4, 3, 2)
             self.bottom5 = C3k2(c4 + c5, c5, 1, True, attention=True) if yolo26 else C3k2(c4 + c5, c5, n2, True)
-            v = variant
             reg_max = reg_max or v.bins or (1 if yolo26 else 16)
             self.head = Detect(
                 nc, (c3, c4, c5), reg_max, True, cls_width, yolo26, v.box_width, v.depthwise_box, v.one2one_bins
