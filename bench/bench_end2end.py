@@ -35,7 +35,7 @@ from models.predict import detect_image, load  # noqa: E402
 from utils.checkpoints.ours import load_checkpoint  # noqa: E402
 from utils.data.dataset_yaml import load_dataset_yaml  # noqa: E402
 from utils.data.labels import list_images  # noqa: E402
-from utils.export.loaders import onnx_session, subnormals_flushed  # noqa: E402
+from utils.export.loaders import onnx_session  # noqa: E402
 
 
 def export(weights, size, folder, data):
@@ -58,11 +58,7 @@ def ultralytics_end2end(path):
     name = session.get_inputs()[0].name
     if session.get_outputs()[0].shape[-1] != 6:
         sys.exit(f"error: {path}: expected an end-to-end output (batch, 300, 6), got {session.get_outputs()[0].shape}")
-
-    def run(x):
-        with subnormals_flushed():
-            return torch.from_numpy(session.run(None, {name: x.numpy()})[0])
-
+    run = lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])  # noqa: E731
     return {"run": run, "imgsz": tuple(shape), "nms": None, "end2end": True, "weights": str(path)}
 
 

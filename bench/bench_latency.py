@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models.yolo import MODELS, YOLO  # noqa: E402
-from utils.export.loaders import onnx_session, subnormals_flushed  # noqa: E402
+from utils.export.loaders import onnx_session  # noqa: E402
 from utils.inference import median_latency  # noqa: E402
 
 
@@ -43,12 +43,7 @@ def onnx_runner(path):
     session = onnx_session(path)  # subnormals flushed, as detect.py and val.py run a .onnx
     model_input = session.get_inputs()[0]
     fixed = tuple(model_input.shape[2:]) if all(isinstance(s, int) for s in model_input.shape[2:]) else None
-
-    def run(x):
-        with subnormals_flushed():
-            return session.run(None, {model_input.name: x.numpy()})
-
-    return run, fixed
+    return (lambda x: session.run(None, {model_input.name: x.numpy()})), fixed
 
 
 def main():
