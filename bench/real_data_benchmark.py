@@ -73,6 +73,8 @@ RUNS = {
     "peer-11n-defaults": ("peer", ["--model", "yolo11n.yaml"]),
     "ours-n-clsw": ("ours", [*RECIPE, "--cls-weights", "auto"]),  # the rare class (platelets) weighted up
     "ours-n-nb64": ("ours", [*RECIPE, "--nominal-batch", "64"]),  # a step per 64 images (the old default)
+    "ours-n-lr4": ("ours", [*RECIPE, "--lr0", "0.004"]),  # twice the rate: from scratch, with a step per batch
+    "ours-n-lr1": ("ours", [*RECIPE, "--lr0", "0.001"]),  # half of it
     # NMS-free (YOLO26n and variants that change its box branch): scored as they answer and again with --nms
     "ours-26n": ("ours", [*RECIPE, "--model", "26n"]),
     "ours-26n-dfl": ("ours", [*RECIPE, "--model", "26n", "--reg-max", "16"]),  # DFL and 11n's 64-wide box branch
@@ -86,8 +88,6 @@ RUNS = {
     "ours-26n-level": ("ours", [*RECIPE, "--model", "26n-level"]),  # 26n-joint, each object on one level
     "ours-26n-d32-level": ("ours", [*RECIPE, "--model", "26n-d32-level"]),  # 26n-d32-joint, the same
     "ours-26n-dw-level": ("ours", [*RECIPE, "--model", "26n-dw-level"]),  # 26n-dw, joint, each object on one level
-    "ours-n-lr4": ("ours", [*RECIPE, "--lr0", "0.004"]),  # twice the rate: from scratch, with a step per batch
-    "ours-n-lr1": ("ours", [*RECIPE, "--lr0", "0.001"]),  # half of it
     # 26n-d32-level whose one-to-many loss keeps half the weight to the end (ProgLoss falls to 0.1 otherwise)
     "ours-26n-d32-level-o2m05": ("ours", [*RECIPE, "--model", "26n-d32-level", "--o2m-final", "0.5"]),
     "ours-26n-cm": ("ours", [*RECIPE, "--model", "26n-cm"]),  # 26n-joint, its one-to-one anchors chosen by the other
