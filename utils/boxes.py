@@ -44,7 +44,10 @@ def bins_per_side(channels, nc):
 def dfl_decode(distri, bins):
     """DFL: (..., 4 * reg_max) logits -> (..., 4) side distances in grid units, each the expectation
     of the softmax over its reg_max bins. `bins`: torch.arange(reg_max) (any device and dtype)."""
-    return distri.unflatten(-1, (4, len(bins))).softmax(-1) @ bins.to(distri.dtype)
+    # A (bins, 1) matrix, not the vector: ONNX Runtime runs a MatMul with a 1-D operand about 6x slower (3.2 ms of
+    # 11n's 38 at 640 px, for 8,400 anchors); PyTorch gives the same result, bitwise, either way.
+    probabilities = distri.unflatten(-1, (4, len(bins))).softmax(-1)
+    return (probabilities @ bins.to(distri.dtype)[:, None]).squeeze(-1)
 
 
 def distances_to_boxes(distances, anchors):
