@@ -52,7 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as `python bench/real_data_benchmark.py`: find utils/ and bench/
 
 from bench.peer import find_peer_python  # noqa: E402
-from bench.recipe_benchmark import RECIPE, is_yolo26, run_logged, train_command  # noqa: E402
+from bench.recipe_benchmark import RECIPE, is_nms_free, run_logged, train_command  # noqa: E402
 from utils.coco import records_to_coco  # noqa: E402
 from utils.data.dataset_yaml import DatasetError, load_dataset_yaml  # noqa: E402
 from utils.data.labels import load_verified  # noqa: E402
@@ -90,6 +90,9 @@ RUNS = {
     "ours-26n-dw-level": ("ours", [*RECIPE, "--model", "26n-dw-level"]),  # 26n-dw, joint, each object on one level
     # 26n-d32-level whose one-to-many loss keeps half the weight to the end (ProgLoss falls to 0.1 otherwise)
     "ours-26n-d32-level-o2m05": ("ours", [*RECIPE, "--model", "26n-d32-level", "--o2m-final", "0.5"]),
+    # the same NMS-free heads on YOLO11n's network (models/yolo.py VARIANTS)
+    "ours-11n-level": ("ours", [*RECIPE, "--model", "11n-level"]),
+    "ours-11n-d32-level": ("ours", [*RECIPE, "--model", "11n-d32-level"]),
     "ours-26n-cm": ("ours", [*RECIPE, "--model", "26n-cm"]),  # 26n-joint, its one-to-one anchors chosen by the other
     "ours-26n-aux": ("ours", [*RECIPE, "--model", "26n-aux"]),  # 26n-joint beside a DFL one-to-many head
     "ours-26n-joint-o2m08": ("ours", [*RECIPE, "--model", "26n-joint", "--o2m-final", "0.8"]),  # no ProgLoss decay
@@ -226,7 +229,7 @@ def run_cell(run, data, epochs, seed, cell, args):
     seconds = time.perf_counter() - start
     named, own = predict_ours(cell, data["voc_yaml"], imgsz, args.device) if repo == "ours" else predict_peer(cell)
     result = score(data["gt"], named, data["names"])
-    if is_yolo26(flags):  # the same weights with NMS, as Ultralytics' nms=True on YOLO26
+    if is_nms_free(flags):  # the same weights with NMS, as Ultralytics' nms=True on YOLO26
         result["nms"] = score(
             data["gt"], predict_ours(cell, data["voc_yaml"], imgsz, args.device, True)[0], data["names"]
         )

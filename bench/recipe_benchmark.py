@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO))  # run as `python bench/recipe_benchmark.py`: find
 
 from bench.peer import find_peer_python  # noqa: E402
 from bench.score_detections import score  # noqa: E402
+from models.yolo import VARIANTS  # noqa: E402
 from utils.data.shapes import STYLES, make_shapes  # noqa: E402
 
 DATASETS = {  # name: make_shapes arguments
@@ -120,33 +121,34 @@ def run_cell(run, data_yaml, nc, epochs, seed, cell, peer_python, ours_args=()):
 def scores(run, cell, data_yaml, peer_python):
     """{"mAP50-95", "mAP50"} of a trained cell; for YOLO26 those of its NMS-free head, plus "nms": the same of its
     one-to-many head + NMS (Ultralytics' default for YOLO26, our val.py --nms): both repos scored in both modes."""
-    repo, yolo26 = RUNS[run][0], is_yolo26(RUNS[run][1])
+    repo, nms_free = RUNS[run][0], is_nms_free(RUNS[run][1])
     if repo == "ours":
         metrics = json.loads((cell / "train" / "metrics.json").read_text())  # the NMS-free head for YOLO26
         found = {"mAP50-95": metrics["mAP50-95"], "mAP50": metrics["mAP50"]}
-        if yolo26:
+        if nms_free:
             command = [sys.executable, "val.py", "--weights", str(cell / "train" / "weights" / "best.pt"), "--nms"]
             run_logged([*command, "--workers", "2", "--out", str(cell / "val_nms")], cell / "log_nms.txt")
             metrics = json.loads((cell / "val_nms" / "metrics.json").read_text())
             found["nms"] = {"mAP50-95": metrics["mAP50-95"], "mAP50": metrics["mAP50"]}
         return found
     summary = json.loads((cell / "peer" / "summary.json").read_text())
-    if yolo26 and "predictions_end2end" not in summary:  # a cell trained before both modes were saved
+    if nms_free and "predictions_end2end" not in summary:  # a cell trained before both modes were saved
         command = [find_peer_python(peer_python), "bench/ultralytics_shapes.py", "--validate", summary["best"]]
         command += ["--data", str(data_yaml)]
         run_logged([*command, "--imgsz", "320", "--batch", "16", "--out", str(cell / "peer_val")], cell / "log_val.txt")
         summary = json.loads((cell / "peer_val" / "summary.json").read_text())
     default = dict(zip(("mAP50-95", "mAP50"), score(data_yaml, summary["predictions"], category_offset=1)))
-    if not yolo26:
+    if not nms_free:
         return default
     end2end = score(data_yaml, summary["predictions_end2end"], category_offset=1)
     return {"mAP50-95": end2end[0], "mAP50": end2end[1], "nms": default}
 
 
-def is_yolo26(extra):
-    """Whether a run's flags (ours) or settings (Ultralytics) train a YOLO26: the --model they name is one (26n,
-    26n-d32, yolo26n.yaml ...)."""
-    return "--model" in extra and "26" in extra[extra.index("--model") + 1]
+def is_nms_free(extra):
+    """Whether a run's flags (ours) or settings (Ultralytics) train an NMS-free model: the --model they name is a
+    YOLO26 (26n, 26n-d32, yolo26n.yaml ...) or one of our NMS-free variants (11n-level)."""
+    model = extra[extra.index("--model") + 1] if "--model" in extra else ""
+    return "26" in model or model in VARIANTS
 
 
 def run_logged(command, log_path):
@@ -221,7 +223,7 @@ def main():
     if args.rescore:
         for path in sorted(out.glob("*/*/e*/s*/result.json")):
             dataset, run, result = path.parts[-5], path.parts[-4], json.loads(path.read_text())
-            if "nms" not in result and run in RUNS and is_yolo26(RUNS[run][1]):
+            if "nms" not in result and run in RUNS and is_nms_free(RUNS[run][1]):
                 data_yaml = out / "data" / f"{dataset}.yaml"
                 result.update(scores(run, path.parent, data_yaml, args.peer_python))
                 path.write_text(json.dumps(result, indent=2) + "\n")

@@ -47,7 +47,7 @@ SCALES = {
 class Variant(NamedTuple):
     """What a variant of YOLO26n changes: its box branch, or how its one-to-one head trains. The defaults are 26n's."""
 
-    scale: str = "26n"  # the model it changes
+    scale: str = "26n"  # the model whose network it keeps (11n: YOLO11n's, with YOLO26's NMS-free head)
     bins: int = 1  # box bins per side: 1, no DFL (26n's); 16, DFL (11n's); 0: the family's
     box_width: int = 16  # the box branch's hidden width: 16 is 26n's, 64 11n's; 0: the usual rule (models/head.py)
     depthwise_box: bool = False  # the box branch's 3x3 convs depthwise, each followed by a 1x1 (YOLO11's class branch)
@@ -57,8 +57,8 @@ class Variant(NamedTuple):
     by_size: bool = False  # the one-to-one positive of an object lies on the level its size picks (utils/assigner.py)
 
 
-# NMS-free variants of YOLO26n, measured on BCCD against 11n (bench/RESULTS.md "NMS-free on BCCD"; none reaches 11n's
-# mAP within 0.9x its latency). Network times are ONNX Runtime's at 640 px.
+# NMS-free variants of YOLO26n (and of YOLO11n's network), measured on BCCD against 11n (bench/RESULTS.md "NMS-free on
+# BCCD"; none reaches 11n's mAP within 0.9x its latency). Network times are ONNX Runtime's at 640 px.
 VARIANTS = {
     "26n-d32": Variant(bins=16, box_width=32),  # DFL at half 11n's width, 0.87x 11n's network time
     "26n-d32-joint": Variant(bins=16, box_width=32, joint=True),  # the same network and speed, trained jointly
@@ -80,6 +80,10 @@ VARIANTS = {
     "26n-d32-level": Variant(bins=16, box_width=32, joint=True, by_size=True),
     # 26n-dw, the same: 0.570 at seed 0 against 26n-d32-level's 0.585, at 26n-level's speed
     "26n-dw-level": Variant(bins=16, box_width=64, depthwise_box=True, joint=True, by_size=True),
+    # 26n-level / 26n-d32-level on YOLO11n's network (its neck without YOLO26's C3k blocks and attention, which cost
+    # 26n's network more time than its narrow box branch saves in ONNX Runtime)
+    "11n-level": Variant("11n", joint=True, by_size=True),
+    "11n-d32-level": Variant("11n", bins=16, box_width=32, joint=True, by_size=True),
 }
 MODELS = [*SCALES, *VARIANTS]  # every name --model takes
 
@@ -123,6 +127,7 @@ class YOLO(nn.Module):
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {scale!r}")
         self.scale, self.nc = scale, nc
         v = VARIANTS.get(scale, Variant(scale, bins=0, box_width=0))  # a scale itself: the family's head
+        end2end = scale in VARIANTS or scale.startswith("26")  # the one-to-one head (NMS-free)
         scale = v.scale
         depth, width, max_ch = SCALES[scale]
         # Recompute activations in backward instead of storing them (pitfall E2: spend compute to save memory).
@@ -151,7 +156,7 @@ class YOLO(nn.Module):
             self.bottom5 = C3k2(c4 + c5, c5, 1, True, attention=True) if yolo26 else C3k2(c4 + c5, c5, n2, True)
             reg_max = reg_max or v.bins or (1 if yolo26 else 16)
             self.head = Detect(
-                nc, (c3, c4, c5), reg_max, True, cls_width, yolo26, v.box_width, v.depthwise_box, v.one2one_bins
+                nc, (c3, c4, c5), reg_max, True, cls_width, end2end, v.box_width, v.depthwise_box, v.one2one_bins
             )
             self.head.detach_one2one, self.head.consistent_matching = not v.joint, v.consistent
             self.head.one2one_by_size = v.by_size

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.peer import find_peer_python, use_peer_config
-from bench.recipe_benchmark import table
+from bench.recipe_benchmark import is_nms_free, table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,6 +57,16 @@ def test_table_gives_yolo26_both_modes_and_compares_each_with_the_same_mode(tmp_
     assert "| peer-26n | 0.010 (1) |" in lines and "| peer-26n +NMS | 0.020 (1) |" in lines
     assert "| ours-26n / peer-26n (means) | 4.00 |" in lines
     assert "| ours-26n +NMS / peer-26n +NMS (means) | 2.50 |" in lines
+
+
+@pytest.mark.parametrize(
+    "flags, nms_free",
+    [(["--model", "26n"], True), (["--model", "yolo26n.yaml"], True), (["--model", "11n-level"], True),
+     (["--model", "11n"], False), (["--lr0", "0.004"], False)],
+)  # fmt: skip
+def test_nms_free_runs_are_scored_a_second_time_with_nms(flags, nms_free):
+    # an NMS-free run on YOLO11n's network (11n-level) has no "26" in its name, but its one-to-many head is scored too
+    assert is_nms_free(flags) == nms_free
 
 
 def test_peer_python_comes_from_the_flag_or_peer_python_and_else_one_sentence(tmp_path, monkeypatch):

@@ -34,16 +34,18 @@ def test_yolo26_trains_two_heads_without_dfl_and_answers_final_detections():
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_each_yolo26_variant_changes_only_its_box_branches_and_a_checkpoint_rebuilds_it(name):
-    """--model 26n-d32 etc. (the NMS-free variants measured on BCCD): the scale's network but for the box branch of
-    both heads (its bins per side, width, depthwise convs), still answering without NMS; val.py, detect.py and
+    """--model 26n-d32, 11n-level etc. (the NMS-free variants measured on BCCD): the scale's network but for the box
+    branch of both heads (its bins per side, width, depthwise convs), still answering without NMS; val.py, detect.py and
     export.py rebuild it from a checkpoint that names it. A joint variant's one-to-one loss trains the network too,
     the others' leaves it to the one-to-many head."""
     v = VARIANTS[name]
     scale, bins, width, one2one_bins = v.scale, v.bins, v.box_width, v.one2one_bins
     torch.manual_seed(0)
     base, variant = YOLO(scale, nc=3), YOLO(name, nc=3)
-    outside_box = lambda m: {k: v.shape for k, v in m.state_dict().items() if "box." not in k}  # noqa: E731
-    assert outside_box(variant) == outside_box(base) and variant.head.reg_max == bins
+    # the network and the one-to-many class branch as the scale's (11n-level: YOLO11n's, which has no one-to-one head)
+    shapes = lambda m: {k: v.shape for k, v in m.state_dict().items() if "box." not in k and "one2one" not in k}  # noqa: E731
+    assert shapes(variant) == shapes(base) and variant.head.reg_max == bins
+    assert [str(level) for level in variant.head.one2one_cls] == [str(level) for level in variant.head.cls]
     for boxes in (variant.head.box, variant.head.one2one_box):
         own = boxes is variant.head.one2one_box and one2one_bins  # the one-to-one head's own: 26n's box branch
         if own:  # and the NMS-free answer costs what the scale's does: its one-to-many head does not run
