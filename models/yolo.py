@@ -60,10 +60,10 @@ class Variant(NamedTuple):
 # NMS-free variants of YOLO26n (and of YOLO11n's network), measured on BCCD against 11n (bench/RESULTS.md "NMS-free on
 # BCCD"; none reaches 11n's mAP within 0.9x its latency). Network times are ONNX Runtime's at 640 px.
 VARIANTS = {
-    "26n-d32": Variant(bins=16, box_width=32),  # DFL at half 11n's width, 0.87x 11n's network time
+    "26n-d32": Variant(bins=16, box_width=32),  # DFL at half 11n's width, 0.95x 11n's network time
     "26n-d32-joint": Variant(bins=16, box_width=32, joint=True),  # the same network and speed, trained jointly
     "26n-joint": Variant(joint=True),  # 26n itself, trained jointly
-    # DFL at 24 / 16 channels, trained jointly: 0.95x / 0.94x 11n's mAP on BCCD (16: 0.85x its network time)
+    # DFL at 24 / 16 channels, trained jointly: 0.95x / 0.94x 11n's mAP on BCCD
     "26n-d24-joint": Variant(bins=16, box_width=24, joint=True),
     "26n-d16-joint": Variant(bins=16, joint=True),
     # 26n-joint whose one-to-one anchors the one-to-many head's predictions pick: NMS-free 0.462 against 0.556
