@@ -93,6 +93,9 @@ RUNS = {
     # the same NMS-free heads on YOLO11n's network (models/yolo.py VARIANTS)
     "ours-11n-level": ("ours", [*RECIPE, "--model", "11n-level"]),
     "ours-11n-d32-level": ("ours", [*RECIPE, "--model", "11n-d32-level"]),
+    # twice the rate, for both: whether the NMS-free head gains more from it (it learns more slowly)
+    "ours-11n-lr4": ("ours", [*RECIPE, "--model", "11n", "--lr0", "0.004"]),
+    "ours-11n-d32-level-lr4": ("ours", [*RECIPE, "--model", "11n-d32-level", "--lr0", "0.004"]),
     "ours-26n-cm": ("ours", [*RECIPE, "--model", "26n-cm"]),  # 26n-joint, its one-to-one anchors chosen by the other
     "ours-26n-aux": ("ours", [*RECIPE, "--model", "26n-aux"]),  # 26n-joint beside a DFL one-to-many head
     "ours-26n-joint-o2m08": ("ours", [*RECIPE, "--model", "26n-joint", "--o2m-final", "0.8"]),  # no ProgLoss decay
