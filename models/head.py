@@ -54,6 +54,9 @@ class Detect(nn.Module):
     # True (models/yolo.py's "-level" variants): the one-to-one branch's positive for an object lies on the one level
     # its size picks (utils/assigner.py level_by_size); False: on whichever level aligns best, as Ultralytics does
     one2one_by_size = False
+    # True (models/yolo.py's "-centre" variants): that positive is the candidate nearest the object's centre, the same
+    # anchor in every step; False: the best aligned by the predictions (utils/assigner.py choose_positives)
+    one2one_nearest = False
 
     def __init__(
         self,

@@ -55,6 +55,7 @@ class Variant(NamedTuple):
     one2one_bins: int = 0  # the one-to-one head's own box bins (its branch then has the usual width); 0: `bins`
     consistent: bool = False  # the one-to-many head's predictions choose the one-to-one head's anchors (utils/loss.py)
     by_size: bool = False  # the one-to-one positive of an object lies on the level its size picks (utils/assigner.py)
+    nearest: bool = False  # the one-to-one positive is the candidate nearest the object's centre (utils/assigner.py)
 
 
 # NMS-free variants of YOLO26n (and of YOLO11n's network), measured on BCCD against 11n (bench/RESULTS.md "NMS-free on
@@ -84,6 +85,8 @@ VARIANTS = {
     # 26n's network more time than its narrow box branch saves in ONNX Runtime)
     "11n-level": Variant("11n", joint=True, by_size=True),
     "11n-d32-level": Variant("11n", bins=16, box_width=32, joint=True, by_size=True),
+    # 11n-d32-level whose one-to-one positive is the anchor nearest the object's centre, not the best aligned
+    "11n-d32-centre": Variant("11n", bins=16, box_width=32, joint=True, by_size=True, nearest=True),
 }
 MODELS = [*SCALES, *VARIANTS]  # every name --model takes
 
@@ -159,7 +162,7 @@ class YOLO(nn.Module):
                 nc, (c3, c4, c5), reg_max, True, cls_width, end2end, v.box_width, v.depthwise_box, v.one2one_bins
             )
             self.head.detach_one2one, self.head.consistent_matching = not v.joint, v.consistent
-            self.head.one2one_by_size = v.by_size
+            self.head.one2one_by_size, self.head.one2one_nearest = v.by_size, v.nearest
         else:
             n3, n6 = max(round(3 * depth), 1), max(round(6 * depth), 1)
             # backbone

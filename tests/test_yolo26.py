@@ -139,6 +139,27 @@ def test_one_to_one_assignment_by_size_puts_each_object_on_one_level():
     assert not DetectionLoss(YOLO("26n-joint", nc=3).head).one2one_by_size
 
 
+def test_one_to_one_positive_nearest_the_centre_stays_as_the_predictions_change():
+    """--model 11n-d32-centre: each object's one-to-one positive is the candidate anchor nearest its centre, on the
+    level its size picks, whatever the predictions; chosen by alignment (11n-d32-level) it follows the predictions."""
+    anchors, strides = anchors_for(320)
+    strides = strides.squeeze(-1)
+    boxes = [(0, 20, 20, 70, 70), (1, 100, 100, 190, 190)]  # centres (45, 45) and (145, 145): 50 px and 90 px
+    moved = torch.cat((anchors - 8, anchors + 8), 1)
+    moved[((anchors - 28) ** 2).sum(1).argmin()] = torch.tensor([20.0, 20, 70, 70])  # one off-centre anchor fits box 0
+    picked = {}
+    for nearest in (True, False):
+        for name, pred in (("plain", None), ("moved", moved[None])):
+            _, (_, _, fg, index) = assign(
+                [boxes], 320, pred_boxes=pred, topk=7, keep=1, levels=strides, nearest=nearest
+            )
+            picked[nearest, name] = sorted((int(index[0, a]), *anchors[a].tolist()) for a in fg[0].nonzero().flatten())
+    assert picked[True, "plain"] == picked[True, "moved"] == [(0, 44.0, 44.0), (1, 152.0, 152.0)]  # 1 and 7 px off
+    assert picked[False, "moved"][0] == (0, 28.0, 28.0) != picked[False, "plain"][0]  # by alignment: it follows
+    assert DetectionLoss(YOLO("11n-d32-centre", nc=3).head).one2one_nearest
+    assert not DetectionLoss(YOLO("11n-d32-level", nc=3).head).one2one_nearest
+
+
 def test_yolo26_loss_one_positive_per_object_progressive_weight_and_it_learns():
     assert [round(one_to_many_weight(e, 8), 4) for e in (0, 4, 7, 9)] == [0.8, 0.4, 0.1, 0.1]  # linear, then held
     assert [one_to_many_weight(e, 8, final=0.8) for e in (0, 4, 7)] == [0.8, 0.8, 0.8]  # --o2m-final 0.8: constant

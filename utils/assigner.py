@@ -22,7 +22,7 @@ TINY_SIDE = 8.5
 
 @torch.no_grad()
 def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask, topk=10, alpha=0.5, beta=6.0,
-                   tiny_box=TINY_SIDE, device=None, keep=None, levels=None):  # fmt: skip
+                   tiny_box=TINY_SIDE, device=None, keep=None, levels=None, nearest=False):  # fmt: skip
     """
     pred_scores: (b, A, nc) probabilities;  pred_boxes: (b, A, 4) xyxy pixels;  anchors: (A, 2) pixels
     gt_labels: (b, n, 1);  gt_boxes: (b, n, 4) xyxy pixels;  gt_mask: (b, n, 1), 1 for real boxes (rest is padding)
@@ -33,6 +33,7 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
           (YOLO26's one-to-one branch: topk 7, keep 1, one positive per object); None keeps all.
     levels: (A,) each anchor's stride in pixels: given, a box's candidates are only the anchors of the one level
             its size picks (level_by_size); None: every level's.
+    nearest: with keep, each box's positives are the candidates nearest its centre (choose_positives).
     Returns target_boxes (b, A, 4), target_scores (b, A, nc), foreground mask (b, A) bool,
     and the index of the assigned box per anchor (b, A).
     """
@@ -66,21 +67,34 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
     alignment = box_scores.pow(alpha) * overlaps.pow(beta)
     del box_scores
 
-    # Top-k candidates per box by alignment (ties between equal metrics broken by topk's order).
-    k = min(topk, num_anchors)
-    topk_index = alignment.topk(k, -1).indices  # b, n, k
-    in_topk = torch.zeros_like(alignment, dtype=torch.bool).scatter_(-1, topk_index, True)
-    positive = (in_topk & valid).to(alignment.dtype)  # b, n, A
+    distance = None
+    if nearest:
+        centre = (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2
+        distance = (anchors - centre[:, :, None]).pow(2).sum(-1)  # b, n, A
+    positive = choose_positives(alignment, overlaps, valid, min(topk, num_anchors), keep, distance)
+    return tuple(t.to(home) for t in soft_targets(gt_labels, gt_boxes, positive, alignment, overlaps, nc))
 
-    # An anchor claimed by several boxes keeps only the box it overlaps most (computed whether or not any
-    # anchor is: asking would be a host sync).
+
+def choose_positives(alignment, overlaps, valid, k, keep, distance=None):
+    """(b, n, A) 0/1: each box's positive anchors. Its top-k candidates by alignment (ties broken by topk's order);
+    then, with keep, the `keep` best of those. distance (b, n, A), with keep: instead, the `keep` candidates nearest
+    the box centre, whatever their alignment: the same anchor in every step (a one-to-one head's positive chosen
+    by alignment moves between neighbours as the predictions change). An anchor claimed by several boxes keeps only
+    the box it overlaps most."""
+    if distance is not None and keep is not None:
+        nearest = torch.where(valid, -distance, -torch.inf).topk(min(keep, k), -1).indices
+        positive = torch.zeros_like(alignment).scatter_(-1, nearest, 1) * valid
+    else:
+        in_topk = torch.zeros_like(alignment, dtype=torch.bool).scatter_(-1, alignment.topk(k, -1).indices, True)
+        positive = (in_topk & valid).to(alignment.dtype)  # b, n, A
+    # computed whether or not any anchor is claimed twice: asking would be a host sync
     multi = (positive.sum(1) > 1).unsqueeze(1)  # b, 1, A
     best = torch.zeros_like(positive).scatter_(1, overlaps.argmax(1, keepdim=True), 1)
     positive = torch.where(multi, best, positive)
-    if keep is not None and keep < k:
+    if keep is not None and keep < k and distance is None:
         best_anchors = (alignment * positive).topk(keep, -1).indices  # b, n, keep (0 where none: not positive)
         positive = positive * torch.zeros_like(positive).scatter_(-1, best_anchors, 1)
-    return tuple(t.to(home) for t in soft_targets(gt_labels, gt_boxes, positive, alignment, overlaps, nc))
+    return positive
 
 
 def candidates(anchors, gt_boxes, gt_mask, tiny_box):

@@ -162,6 +162,7 @@ class DetectionLoss:
         self.epoch, self.epochs, self.o2m_final = 0, epochs, o2m_final
         self.consistent_matching = getattr(head, "consistent_matching", False)  # models/head.py's Detect
         self.one2one_by_size = getattr(head, "one2one_by_size", False)
+        self.one2one_nearest = getattr(head, "one2one_nearest", False)
         self.assignments_on_cpu = 0
 
     @property
@@ -184,7 +185,8 @@ class DetectionLoss:
             one2many = self.fp32_loss(many, padded)
             guide = many if self.consistent_matching else None
             o2o = [m.float() for m in maps["one2one"]]
-            one2one = self.fp32_loss(o2o, padded, topk=7, keep=1, guide=guide, by_size=self.one2one_by_size)
+            by_size, nearest = self.one2one_by_size, self.one2one_nearest
+            one2one = self.fp32_loss(o2o, padded, topk=7, keep=1, guide=guide, by_size=by_size, nearest=nearest)
             weight = one_to_many_weight(self.epoch, self.epochs, self.o2m_final)
             return one2many[0] * weight + one2one[0] * (1 - weight), one2one[1]
 
@@ -207,15 +209,16 @@ class DetectionLoss:
         pred_distances = dfl_decode(pred_distri, bins) if reg_max > 1 else pred_distri
         return reg_max, pred_distri, pred_logits, distances_to_boxes(pred_distances, anchors), anchors, strides
 
-    def fp32_loss(self, maps, padded, topk=None, keep=None, guide=None, by_size=False):
+    def fp32_loss(self, maps, padded, topk=None, keep=None, guide=None, by_size=False, nearest=False):
         """One branch's (total, parts); padded: (gt, gt_mask) from DetectionLoss.padded. guide: another branch's
         maps whose predictions choose this branch's anchors and target scores (consistent matching); None: its own.
-        by_size: each object's anchors come from the one level its size picks (utils/assigner.py level_by_size)."""
+        by_size: each object's anchors come from the one level its size picks (utils/assigner.py level_by_size).
+        nearest: its `keep` anchors are the candidates nearest its centre (utils/assigner.py choose_positives)."""
         b = maps[0].shape[0]
         topk = topk or self.topk
         reg_max, pred_distri, pred_logits, pred_boxes, anchors, strides = self.predictions(maps)
         guide_logits, guide_boxes = (pred_logits, pred_boxes) if guide is None else self.predictions(guide)[2:4]
-        settings = dict(topk=topk, keep=keep, levels=strides.squeeze(-1) if by_size else None)
+        settings = dict(topk=topk, keep=keep, levels=strides.squeeze(-1) if by_size else None, nearest=nearest)
         target_boxes, target_scores, fg = self.assign(guide_logits, guide_boxes, anchors, strides, padded, settings)
         score_sum = target_scores.sum().clamp(min=1)
         loss_cls = self.class_term(pred_logits, target_scores) / score_sum
@@ -248,7 +251,7 @@ class DetectionLoss:
             gt[..., 1:],
             gt_mask,
         )
-        settings = dict(settings, tiny_box=self.tiny_box)  # topk, keep, levels: assign_targets'
+        settings = dict(settings, tiny_box=self.tiny_box)  # topk, keep, levels, nearest: assign_targets'
         try:
             assigned = assign_targets(*inputs, **settings)
         except torch.OutOfMemoryError:
