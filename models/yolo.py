@@ -45,7 +45,8 @@ SCALES = {
 
 
 class Variant(NamedTuple):
-    """What a variant of YOLO26n changes: its box branch, or how its one-to-one head trains. The defaults are 26n's."""
+    """What an NMS-free variant changes: its box branch, how its one-to-one head trains, or (scale) the network under
+    YOLO26's head. The defaults are 26n's."""
 
     scale: str = "26n"  # the model whose network it keeps (11n: YOLO11n's, with YOLO26's NMS-free head)
     bins: int = 1  # box bins per side: 1, no DFL (26n's); 16, DFL (11n's); 0: the family's
