@@ -1,9 +1,11 @@
 """export.py to ONNX and TorchScript of one calibrated checkpoint (calibrated_model.py): outputs agree with PyTorch, the
 in-graph NMS, --dynamic, --half on the CPU; a disagreement or a bad checkpoint gets one sentence."""
 
+import gc
 import os
 import subprocess
 import sys
+import weakref
 
 import cv2
 import onnx
@@ -22,6 +24,7 @@ from calibrated_model import (
 import export
 from utils.boxes import non_max_suppression
 from utils.checkpoints.ours import FORMAT, save_checkpoint
+from utils.export.loaders import onnx_session
 from utils.inference import compare_detections, load_exported
 
 
@@ -281,3 +284,19 @@ with subnormals_flushed():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_an_onnx_session_is_freed_when_dropped_not_by_the_cyclic_collector(exported):
+    """A session in a reference cycle waits for the cyclic collector, which may run in a forked DataLoader worker:
+    there ONNX Runtime's destructor waits forever for the parent's threads (a val.py after an export check hung so).
+    onnx_session's flushing `run` must not hold its session."""
+    gc.collect()
+    gc.disable()
+    try:
+        session = onnx_session(exported.with_suffix(".onnx"))
+        assert session.run(None, {session.get_inputs()[0].name: batch_of([2], 64, 64).numpy()})[0].shape[0] == 1
+        freed = weakref.ref(session)
+        del session
+        assert freed() is None, "the session outlived its last reference: a cycle holds it"
+    finally:
+        gc.enable()

@@ -16,6 +16,7 @@ file's extra files, in the rt_info of the OpenVINO .xml, and in metadata.json in
 import contextlib
 import json
 import warnings
+import weakref
 import zipfile
 
 import numpy as np
@@ -98,11 +99,14 @@ def onnx_session(path, providers=("CPUExecutionProvider",)):
     options.add_session_config_entry("session.set_denormal_as_zero", "1")
     with subnormals_flushed():  # ORT sets the creating thread's flag with this option and leaves it set: restored
         session = onnxruntime.InferenceSession(str(path), options, providers=list(providers))
-    run = session.run
+    # A weak reference: a bound session.run here would make a cycle (session -> run -> session) that only the cyclic
+    # collector frees, and it may do so in a forked DataLoader worker, where ORT's destructor waits forever for the
+    # parent's threads (val.py after an export check hung that way).
+    owner, run = weakref.ref(session), type(session).run
 
     def flushed_run(*args, **kwargs):
         with subnormals_flushed():
-            return run(*args, **kwargs)
+            return run(owner(), *args, **kwargs)
 
     session.run = flushed_run  # so that no caller can forget the calling thread's share
     return session
