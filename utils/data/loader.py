@@ -7,6 +7,7 @@ RGB uint8, or from the RAM cache the caller built and passed in).
 
 import atexit
 import functools
+import gc
 import math
 import multiprocessing
 import os
@@ -362,9 +363,14 @@ def _worker_context():
     class Process(concrete.Process):
         def start(self):
             previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            # Frozen, the parent's objects are out of the forked worker's garbage collection: a collection there
+            # would run the destructors of the parent's garbage, and some are not safe after a fork (an ONNX
+            # Runtime session's waits forever for the parent's threads: an export check's val.py hung so).
+            gc.freeze()
             try:
                 super().start()
             finally:
+                gc.unfreeze()
                 signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
     return type(type(concrete).__name__, (type(concrete),), {"Process": Process})()
