@@ -68,7 +68,7 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
     del box_scores
 
     distance = None
-    if nearest:
+    if nearest and keep is not None:
         centre = (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2
         distance = (anchors - centre[:, :, None]).pow(2).sum(-1)  # b, n, A
     positive = choose_positives(alignment, overlaps, valid, min(topk, num_anchors), keep, distance)
@@ -77,11 +77,11 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
 
 def choose_positives(alignment, overlaps, valid, k, keep, distance=None):
     """(b, n, A) 0/1: each box's positive anchors. Its top-k candidates by alignment (ties broken by topk's order);
-    then, with keep, the `keep` best of those. distance (b, n, A), with keep: instead, the `keep` candidates nearest
-    the box centre, whatever their alignment: the same anchor in every step (a one-to-one head's positive chosen
-    by alignment moves between neighbours as the predictions change). An anchor claimed by several boxes keeps only
-    the box it overlaps most."""
-    if distance is not None and keep is not None:
+    then, with keep, the `keep` best of those. distance (b, n, A), given with keep: instead, the `keep` candidates
+    nearest the box centre, whatever their alignment: the same anchor in every step (a one-to-one head's positive
+    chosen by alignment moves between neighbours as the predictions change). An anchor claimed by several boxes keeps
+    only the box it overlaps most."""
+    if distance is not None:
         nearest = torch.where(valid, -distance, -torch.inf).topk(min(keep, k), -1).indices
         positive = torch.zeros_like(alignment).scatter_(-1, nearest, 1) * valid
     else:
@@ -91,7 +91,7 @@ def choose_positives(alignment, overlaps, valid, k, keep, distance=None):
     multi = (positive.sum(1) > 1).unsqueeze(1)  # b, 1, A
     best = torch.zeros_like(positive).scatter_(1, overlaps.argmax(1, keepdim=True), 1)
     positive = torch.where(multi, best, positive)
-    if keep is not None and keep < k and distance is None:
+    if distance is None and keep is not None and keep < k:
         best_anchors = (alignment * positive).topk(keep, -1).indices  # b, n, keep (0 where none: not positive)
         positive = positive * torch.zeros_like(positive).scatter_(-1, best_anchors, 1)
     return positive
