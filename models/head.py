@@ -6,6 +6,7 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from models.blocks import Conv
 from utils.boxes import bins_per_side, dfl_decode, distances_to_boxes, make_anchors
@@ -25,6 +26,19 @@ def branch(c, hidden, out, light):
     return nn.Sequential(Conv(c, hidden, 3), Conv(hidden, hidden, 3), nn.Conv2d(hidden, out, 1))
 
 
+class PeakConv(nn.Conv2d):
+    """The last 1x1 conv of a one-to-one class branch, over its features and their 3x3 local maximum (DeFCN's max
+    filter, on one level): an anchor sees whether a neighbour answers the object more strongly. A one-to-one head
+    must score one anchor of each object high and its neighbours, whose own features are nearly the same, low; one
+    that cannot tell them apart learns to score a crowded object low everywhere, and misses it."""
+
+    def __init__(self, c, out):
+        super().__init__(2 * c, out, 1)
+
+    def forward(self, x):
+        return super().forward(torch.cat((x, F.max_pool2d(x, 3, 1, 1)), 1))
+
+
 class Detect(nn.Module):
     """Decoupled head: per level, one branch predicts box side distances as distributions over
     `reg_max` bins (DFL), the other class logits. Anchor-free: one prediction per grid cell.
@@ -36,6 +50,7 @@ class Detect(nn.Module):
     one2one_reg_max: the one-to-one head's own box bins (its branch then has the usual width for them); 0: a copy
     of the one-to-many head's. The one-to-many head answers only for NMS, so its box branch can be heavier (DFL)
     at no cost to the NMS-free answer. A map's bins are read from its channels (4 * bins + nc).
+    one2one_peak: the one-to-one class branch ends in a PeakConv.
     end2end (YOLO26): a second copy of both branches, the one-to-one head, trained with one positive anchor per
     object on features detached from the network (so its loss does not reshape them; see detach_one2one); in eval
     it alone answers, and its top max_det (anchor, class) scores are the final detections: no NMS. Setting
@@ -69,6 +84,7 @@ class Detect(nn.Module):
         box_width=0,
         light_box=False,
         one2one_reg_max=0,
+        one2one_peak=False,
     ):
         super().__init__()
         # one_to_one: the architecture (the loss trains both branches); end2end: which one answers in eval
@@ -84,6 +100,8 @@ class Detect(nn.Module):
             if one2one_reg_max:
                 hidden = max(16, channels[0] // 4, one2one_reg_max * 4)
                 self.one2one_box = nn.ModuleList(branch(c, hidden, 4 * one2one_reg_max, False) for c in channels)
+            for level in self.one2one_cls if one2one_peak else []:
+                level[-1] = PeakConv(cls_hidden, nc)
         bins = max(reg_max, one2one_reg_max)
         self.register_buffer("bins", torch.arange(bins, dtype=torch.float32), persistent=False)
         self.init_biases()

@@ -6,6 +6,7 @@ import pytest
 import torch
 from assign_helpers import anchors_for, assign
 
+from models.head import PeakConv
 from models.weights import model_from_checkpoint
 from models.yolo import VARIANTS, YOLO, count_gflops
 from utils.assigner import level_by_size
@@ -45,7 +46,9 @@ def test_each_yolo26_variant_changes_only_its_box_branches_and_a_checkpoint_rebu
     # the network and the one-to-many class branch as the scale's (11n-level: YOLO11n's, which has no one-to-one head)
     shapes = lambda m: {k: v.shape for k, v in m.state_dict().items() if "box." not in k and "one2one" not in k}  # noqa: E731
     assert shapes(variant) == shapes(base) and variant.head.reg_max == bins
-    assert [str(level) for level in variant.head.one2one_cls] == [str(level) for level in variant.head.cls]
+    one2one_cls = [str(level) for level in variant.head.one2one_cls]  # a peak variant's ends in a PeakConv
+    assert one2one_cls == [str(level) for level in variant.head.cls] or v.peak
+    assert all(isinstance(level[-1], PeakConv) == v.peak for level in variant.head.one2one_cls)
     for boxes in (variant.head.box, variant.head.one2one_box):
         own = boxes is variant.head.one2one_box and one2one_bins  # the one-to-one head's own: 26n's box branch
         if own:  # and the NMS-free answer costs what the scale's does: its one-to-many head does not run
