@@ -28,9 +28,9 @@ def branch(c, hidden, out, light):
 
 class PeakConv(nn.Conv2d):
     """The last 1x1 conv of a one-to-one class branch, over its features and their 3x3 local maximum (DeFCN's max
-    filter, on one level): an anchor sees whether a neighbour answers the object more strongly. A one-to-one head
-    must score one anchor of each object high and its neighbours, whose own features are nearly the same, low; one
-    that cannot tell them apart learns to score a crowded object low everywhere, and misses it."""
+    filter, on one level): an anchor sees whether a neighbour answers the object more strongly. For a one-to-one head,
+    which must score one anchor of each object high and its neighbours, whose features are nearly the same, low; on
+    BCCD it gained nothing (bench/RESULTS.md "NMS-free on BCCD")."""
 
     def __init__(self, c, out):
         super().__init__(2 * c, out, 1)

@@ -57,9 +57,7 @@ class Variant(NamedTuple):
     consistent: bool = False  # the one-to-many head's predictions choose the one-to-one head's anchors (utils/loss.py)
     by_size: bool = False  # the one-to-one positive of an object lies on the level its size picks (utils/assigner.py)
     nearest: bool = False  # the one-to-one positive is the candidate nearest the object's centre (utils/assigner.py)
-    peak: bool = (
-        False  # the one-to-one class branch also sees its features' 3x3 local maximum (models/head.py PeakConv)
-    )
+    peak: bool = False  # the one-to-one class branch sees its features' 3x3 local maxima (models/head.py PeakConv)
 
 
 # NMS-free variants of YOLO26n (and of YOLO11n's network), measured on BCCD against 11n (bench/RESULTS.md "NMS-free on
@@ -167,18 +165,8 @@ class YOLO(nn.Module):
             self.down_p4 = Conv(c4, c4, 3, 2)
             self.bottom5 = C3k2(c4 + c5, c5, 1, True, attention=True) if yolo26 else C3k2(c4 + c5, c5, n2, True)
             reg_max = reg_max or v.bins or (1 if yolo26 else 16)
-            self.head = Detect(
-                nc,
-                (c3, c4, c5),
-                reg_max,
-                True,
-                cls_width,
-                end2end,
-                v.box_width,
-                v.depthwise_box,
-                v.one2one_bins,
-                v.peak,
-            )
+            variant = (v.box_width, v.depthwise_box, v.one2one_bins, v.peak)
+            self.head = Detect(nc, (c3, c4, c5), reg_max, True, cls_width, end2end, *variant)
             self.head.detach_one2one, self.head.consistent_matching = not v.joint, v.consistent
             self.head.one2one_by_size, self.head.one2one_nearest = v.by_size, v.nearest
         else:
