@@ -57,6 +57,7 @@ class Variant(NamedTuple):
     consistent: bool = False  # the one-to-many head's predictions choose the one-to-one head's anchors (utils/loss.py)
     by_size: bool = False  # the one-to-one positive of an object lies on the level its size picks (utils/assigner.py)
     nearest: bool = False  # the one-to-one positive is the candidate nearest the object's centre (utils/assigner.py)
+    one2one_alignment: tuple = (0.5, 6.0)  # (alpha, beta) of the one-to-one assignment (models/head.py Detect)
     peak: bool = False  # the one-to-one class branch sees its features' 3x3 local maxima (models/head.py PeakConv)
 
 
@@ -94,6 +95,9 @@ VARIANTS = {
     # 0.574 / 0.572 against 11n-d32-level's 0.575 (2 seeds, on a GPU)
     "11n-peak": Variant("11n", joint=True, by_size=True, peak=True),
     "11n-d32-peak": Variant("11n", bins=16, box_width=32, joint=True, by_size=True, peak=True),
+    # 11n-d32-level whose one-to-one positive is chosen by score * IoU ** 2, not score ** 0.5 * IoU ** 6: it moves
+    # between neighbours less often as the boxes change, so that their scores need not share the object
+    "11n-d32-stable": Variant("11n", bins=16, box_width=32, joint=True, by_size=True, one2one_alignment=(1.0, 2.0)),
 }
 MODELS = [*SCALES, *VARIANTS]  # every name --model takes
 
@@ -169,6 +173,7 @@ class YOLO(nn.Module):
             self.head = Detect(nc, (c3, c4, c5), reg_max, True, cls_width, end2end, *variant)
             self.head.detach_one2one, self.head.consistent_matching = not v.joint, v.consistent
             self.head.one2one_by_size, self.head.one2one_nearest = v.by_size, v.nearest
+            self.head.one2one_alignment = v.one2one_alignment
         else:
             n3, n6 = max(round(3 * depth), 1), max(round(6 * depth), 1)
             # backbone

@@ -9,7 +9,7 @@ from assign_helpers import anchors_for, assign
 from models.head import PeakConv
 from models.weights import model_from_checkpoint
 from models.yolo import VARIANTS, YOLO, count_gflops
-from utils.assigner import level_by_size
+from utils.assigner import assign_targets, level_by_size
 from utils.loss import DetectionLoss, one_to_many_weight
 
 
@@ -161,6 +161,27 @@ def test_one_to_one_positive_nearest_the_centre_stays_as_the_predictions_change(
     assert picked[False, "moved"][0] == (0, 28.0, 28.0) != picked[False, "plain"][0]  # by alignment: it follows
     assert DetectionLoss(YOLO("11n-d32-centre", nc=3).head).one2one_nearest
     assert not DetectionLoss(YOLO("11n-d32-level", nc=3).head).one2one_nearest
+
+
+def test_one_to_one_positive_led_by_the_score_stays_on_the_anchor_that_answers():
+    """--model 11n-d32-stable: the one-to-one positive is chosen by score * IoU ** 2, so an anchor that answers the
+    object with a high score keeps it against a neighbour whose box fits a little better; by the usual score ** 0.5 *
+    IoU ** 6 (11n-d32-level, Ultralytics) the better box takes it, whatever the scores."""
+    anchors, _ = anchors_for(64)
+    gt_boxes, gt_labels, gt_mask = torch.tensor([[[16.0, 16, 48, 48]]]), torch.zeros(1, 1, 1), torch.ones(1, 1, 1)
+    scores = torch.full((1, len(anchors), 3), 0.05)
+    boxes = torch.cat((anchors - 8, anchors + 8), 1)[None].clone()  # 16x16 around each anchor: IoU 0.25 at most
+    fits, answers = [int(((anchors - c) ** 2).sum(1).argmin()) for c in (28.0, 36.0)]
+    boxes[0, fits], scores[0, fits, 0] = torch.tensor([16.0, 16, 48, 48]), 0.3  # the box exactly, a low score
+    boxes[0, answers], scores[0, answers, 0] = torch.tensor([16.0, 16, 46, 46]), 0.9  # IoU 0.88, a high score
+    chosen = {}
+    for alpha, beta in ((0.5, 6.0), (1.0, 2.0)):
+        _, _, fg, _ = assign_targets(scores, boxes, anchors, gt_labels, gt_boxes, gt_mask, topk=7, keep=1,
+                                     alpha=alpha, beta=beta)  # fmt: skip
+        chosen[beta] = fg[0].nonzero().flatten().tolist()
+    assert chosen == {6.0: [fits], 2.0: [answers]}
+    assert DetectionLoss(YOLO("11n-d32-stable", nc=3).head).one2one_alignment == (1.0, 2.0)
+    assert DetectionLoss(YOLO("11n-d32-level", nc=3).head).one2one_alignment == (0.5, 6.0)
 
 
 def test_yolo26_loss_one_positive_per_object_progressive_weight_and_it_learns():
