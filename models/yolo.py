@@ -97,7 +97,8 @@ VARIANTS = {
     "11n-d32-peak": Variant("11n", bins=16, box_width=32, joint=True, by_size=True, peak=True),
     # 11n-d32-level whose one-to-one positive is chosen by score * IoU ** 2, not score ** 0.5 * IoU ** 6: it moves
     # between neighbours less often as the boxes change, so that their scores need not share the object. The best
-    # NMS-free model here: 0.587 against 11n-d32-level's 0.578 and 11n's 0.596 (3 seeds), at 0.90x 11n's time.
+    # NMS-free model here: 0.587 against 11n-d32-level's 0.578 and 11n's 0.596 (3 seeds; over 5, 0.581 against 11n's
+    # 0.594), at 0.90x 11n's time.
     # stable1 (score * IoU) 0.573, stable3 (score * IoU ** 3) 0.583 at seed 0
     "11n-d32-stable": Variant("11n", bins=16, box_width=32, joint=True, by_size=True, one2one_alignment=(1.0, 2.0)),
     "11n-d32-stable1": Variant("11n", bins=16, box_width=32, joint=True, by_size=True, one2one_alignment=(1.0, 1.0)),
