@@ -99,6 +99,7 @@ RUNS = {
     "ours-11n-d32-stable": ("ours", [*RECIPE, "--model", "11n-d32-stable"]),  # its one-to-one positive led by the score
     "ours-11n-d32-stable1": ("ours", [*RECIPE, "--model", "11n-d32-stable1"]),  # more so: score * IoU
     "ours-11n-d32-stable3": ("ours", [*RECIPE, "--model", "11n-d32-stable3"]),  # less so: score * IoU ** 3
+    "ours-11n-stable": ("ours", [*RECIPE, "--model", "11n-stable"]),  # 11n-level, its positive led by the score
     # twice the rate, for both: whether the NMS-free head gains more from it (it learns more slowly)
     "ours-11n-lr4": ("ours", [*RECIPE, "--model", "11n", "--lr0", "0.004"]),
     "ours-11n-d32-level-lr4": ("ours", [*RECIPE, "--model", "11n-d32-level", "--lr0", "0.004"]),
