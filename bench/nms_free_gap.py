@@ -86,8 +86,7 @@ def local_maxima(maps, nc):
 
 def xyxy(coco_boxes):
     """COCO's [x, y, w, h] boxes -> an (n, 4) tensor of x1 y1 x2 y2."""
-    boxes = torch.tensor(coco_boxes, dtype=torch.float64).view(-1, 4)
-    return torch.cat((boxes[:, :2], boxes[:, :2] + boxes[:, 2:]), 1)
+    return torchvision.ops.box_convert(torch.tensor(coco_boxes, dtype=torch.float64).view(-1, 4), "xywh", "xyxy")
 
 
 def score_profile(result, iou=0.5):

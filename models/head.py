@@ -9,6 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.blocks import Conv
+from utils.assigner import ALIGNMENT
 from utils.boxes import bins_per_side, dfl_decode, distances_to_boxes, make_anchors
 
 STRIDES = (8, 16, 32)
@@ -72,10 +73,10 @@ class Detect(nn.Module):
     # True (models/yolo.py's "-centre" variants): that positive is the candidate nearest the object's centre, the same
     # anchor in every step; False: the best aligned by the predictions (utils/assigner.py choose_positives)
     one2one_nearest = False
-    # (alpha, beta) of the one-to-one assignment's alignment, score ** alpha * IoU ** beta: the one-to-many head's and
-    # Ultralytics'. (1.0, 2.0) (models/yolo.py's "-stable" variants) lets the score lead: the positive stays on the
-    # anchor that answers the object best unless a neighbour's box is much better
-    one2one_alignment = (0.5, 6.0)
+    # (alpha, beta) of the one-to-one assignment's alignment, score ** alpha * IoU ** beta: by default the one-to-many
+    # head's and Ultralytics'. (1.0, 2.0) (models/yolo.py's "-stable" variants) lets the score lead: the positive
+    # stays on the anchor that answers the object best unless a neighbour's box is much better
+    one2one_alignment = ALIGNMENT
 
     def __init__(
         self,

@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from models.blocks import C2PSA, SPPF, C2f, C3k2, Conv
 from models.head import Detect
+from utils.assigner import ALIGNMENT
 
 # model name: (depth multiple, width multiple, max channels), the values users of Ultralytics know.
 # n..x are YOLOv8 (this repo's models since its start), 11n..11x are YOLO11, 26n..26x are YOLO26.
@@ -57,7 +58,7 @@ class Variant(NamedTuple):
     consistent: bool = False  # the one-to-many head's predictions choose the one-to-one head's anchors (utils/loss.py)
     by_size: bool = False  # the one-to-one positive of an object lies on the level its size picks (utils/assigner.py)
     nearest: bool = False  # the one-to-one positive is the candidate nearest the object's centre (utils/assigner.py)
-    one2one_alignment: tuple = (0.5, 6.0)  # (alpha, beta) of the one-to-one assignment (models/head.py Detect)
+    one2one_alignment: tuple = ALIGNMENT  # (alpha, beta) of the one-to-one assignment (models/head.py Detect)
     peak: bool = False  # the one-to-one class branch sees its features' 3x3 local maxima (models/head.py PeakConv)
 
 

@@ -18,11 +18,15 @@ from utils.boxes import complete_iou_loss
 # Stride-8 anchor centres are 8 px apart, so any open interval longer than 8 px holds one: a box side
 # under this may miss every centre. The default of tiny_box: sides under it count as this long.
 TINY_SIDE = 8.5
+# (alpha, beta) of the alignment score ** alpha * IoU ** beta: TOOD's and YOLOv8's, and the default of every branch
+# (a one-to-one head may choose its own: models/head.py Detect.one2one_alignment)
+ALIGNMENT = (0.5, 6.0)
 
 
 @torch.no_grad()
-def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask, topk=10, alpha=0.5, beta=6.0,
-                   tiny_box=TINY_SIDE, device=None, keep=None, levels=None, nearest=False):  # fmt: skip
+def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask, topk=10, alpha=ALIGNMENT[0],
+                   beta=ALIGNMENT[1], tiny_box=TINY_SIDE, device=None, keep=None, levels=None,
+                   nearest=False):  # fmt: skip
     """
     pred_scores: (b, A, nc) probabilities;  pred_boxes: (b, A, 4) xyxy pixels;  anchors: (A, 2) pixels
     gt_labels: (b, n, 1);  gt_boxes: (b, n, 4) xyxy pixels;  gt_mask: (b, n, 1), 1 for real boxes (rest is padding)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from utils.assigner import TINY_SIDE, assign_targets
+from utils.assigner import ALIGNMENT, TINY_SIDE, assign_targets
 from utils.boxes import (
     bins_per_side,
     boxes_to_distances,
@@ -163,7 +163,7 @@ class DetectionLoss:
         self.consistent_matching = getattr(head, "consistent_matching", False)  # models/head.py's Detect
         self.one2one_by_size = getattr(head, "one2one_by_size", False)
         self.one2one_nearest = getattr(head, "one2one_nearest", False)
-        self.one2one_alignment = getattr(head, "one2one_alignment", (0.5, 6.0))
+        self.one2one_alignment = getattr(head, "one2one_alignment", ALIGNMENT)
         self.assignments_on_cpu = 0
 
     @property
@@ -186,8 +186,9 @@ class DetectionLoss:
             one2many = self.fp32_loss(many, padded)
             guide = many if self.consistent_matching else None
             o2o = [m.float() for m in maps["one2one"]]
-            alpha, beta = self.one2one_alignment
-            o2o_settings = dict(by_size=self.one2one_by_size, nearest=self.one2one_nearest, alpha=alpha, beta=beta)
+            o2o_settings = dict(
+                by_size=self.one2one_by_size, nearest=self.one2one_nearest, alignment=self.one2one_alignment
+            )
             one2one = self.fp32_loss(o2o, padded, topk=7, keep=1, guide=guide, **o2o_settings)
             weight = one_to_many_weight(self.epoch, self.epochs, self.o2m_final)
             return one2many[0] * weight + one2one[0] * (1 - weight), one2one[1]
@@ -212,18 +213,19 @@ class DetectionLoss:
         return reg_max, pred_distri, pred_logits, distances_to_boxes(pred_distances, anchors), anchors, strides
 
     def fp32_loss(
-        self, maps, padded, topk=None, keep=None, guide=None, by_size=False, nearest=False, alpha=0.5, beta=6.0
+        self, maps, padded, topk=None, keep=None, guide=None, by_size=False, nearest=False, alignment=ALIGNMENT
     ):
         """One branch's (total, parts); padded: (gt, gt_mask) from DetectionLoss.padded. guide: another branch's
         maps whose predictions choose this branch's anchors and target scores (consistent matching); None: its own.
         by_size: each object's anchors come from the one level its size picks (utils/assigner.py level_by_size).
         nearest: its `keep` anchors are the candidates nearest its centre (utils/assigner.py choose_positives).
-        alpha, beta: the assignment's alignment, score ** alpha * IoU ** beta (utils/assigner.py)."""
+        alignment: (alpha, beta) of the assignment's score ** alpha * IoU ** beta (utils/assigner.py)."""
         b = maps[0].shape[0]
         topk = topk or self.topk
         reg_max, pred_distri, pred_logits, pred_boxes, anchors, strides = self.predictions(maps)
         guide_logits, guide_boxes = (pred_logits, pred_boxes) if guide is None else self.predictions(guide)[2:4]
         levels = strides.squeeze(-1) if by_size else None
+        alpha, beta = alignment
         settings = dict(topk=topk, keep=keep, levels=levels, nearest=nearest, alpha=alpha, beta=beta)
         target_boxes, target_scores, fg = self.assign(guide_logits, guide_boxes, anchors, strides, padded, settings)
         score_sum = target_scores.sum().clamp(min=1)
