@@ -90,7 +90,7 @@ RUNS = {
     "ours-26n-dw-level": ("ours", [*RECIPE, "--model", "26n-dw-level"]),  # 26n-dw, joint, each object on one level
     # 26n-d32-level whose one-to-many loss keeps half the weight to the end (ProgLoss falls to 0.1 otherwise)
     "ours-26n-d32-level-o2m05": ("ours", [*RECIPE, "--model", "26n-d32-level", "--o2m-final", "0.5"]),
-    # the same NMS-free heads on YOLO11n's network (models/yolo.py VARIANTS)
+    # the same NMS-free heads on YOLO11n's network (models/variants.py)
     "ours-11n-level": ("ours", [*RECIPE, "--model", "11n-level"]),
     "ours-11n-d32-level": ("ours", [*RECIPE, "--model", "11n-d32-level"]),
     "ours-11n-d32-centre": ("ours", [*RECIPE, "--model", "11n-d32-centre"]),  # its one-to-one positive at the centre
@@ -100,6 +100,13 @@ RUNS = {
     "ours-11n-d32-stable1": ("ours", [*RECIPE, "--model", "11n-d32-stable1"]),  # more so: score * IoU
     "ours-11n-d32-stable3": ("ours", [*RECIPE, "--model", "11n-d32-stable3"]),  # less so: score * IoU ** 3
     "ours-11n-stable": ("ours", [*RECIPE, "--model", "11n-stable"]),  # 11n-level, its positive led by the score
+    # its one-to-one head on detached features, its one-to-many weight kept at 0.8: the network as 11n with a 32-wide
+    # DFL box branch would train it (AdamW does not see a constant loss scale)
+    # its network shaped by the one-to-many loss longer: that weight falls to 0.4, not 0.1
+    "ours-11n-d32-stable-o2m04": ("ours", [*RECIPE, "--model", "11n-d32-stable", "--o2m-final", "0.4"]),
+    "ours-11n-d32-stable-o2m0": ("ours", [*RECIPE, "--model", "11n-d32-stable", "--o2m-final", "0"]),  # to 0
+    "ours-11n-w64-stable": ("ours", [*RECIPE, "--model", "11n-w64-stable"]),  # 11n's own box branch
+    "ours-11n-d32-stable-det-o2m08": ("ours", [*RECIPE, "--model", "11n-d32-stable-det", "--o2m-final", "0.8"]),
     # twice the rate, for both: whether the NMS-free head gains more from it (it learns more slowly)
     "ours-11n-lr4": ("ours", [*RECIPE, "--model", "11n", "--lr0", "0.004"]),
     "ours-11n-d32-level-lr4": ("ours", [*RECIPE, "--model", "11n-d32-level", "--lr0", "0.004"]),

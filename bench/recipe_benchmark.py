@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))  # run as `python bench/recipe_benchmark.py`: find
 
 from bench.peer import find_peer_python  # noqa: E402
 from bench.score_detections import score  # noqa: E402
-from models.yolo import VARIANTS  # noqa: E402
+from models.variants import VARIANTS  # noqa: E402
 from utils.data.shapes import STYLES, make_shapes  # noqa: E402
 
 DATASETS = {  # name: make_shapes arguments

@@ -61,20 +61,20 @@ class Detect(nn.Module):
 
     max_det = 300  # end2end: detections per image
     # YOLO26 / YOLOv10: the one-to-one head learns on detached features, so that its one-positive-per-object loss
-    # does not reshape the network the one-to-many head trains. False (models/yolo.py's "joint" variants): its
+    # does not reshape the network the one-to-many head trains. False (models/variants.py's "joint" variants): its
     # gradient reaches the network too.
     detach_one2one = True
-    # True (models/yolo.py's "-cm" variant): the one-to-many branch's predictions choose the one-to-one branch's
+    # True (models/variants.py's "-cm" variant): the one-to-many branch's predictions choose the one-to-one branch's
     # anchors in the loss (utils/loss.py), as YOLOv10's consistent matching intends; False: its own predictions do
     consistent_matching = False
-    # True (models/yolo.py's "-level" variants): the one-to-one branch's positive for an object lies on the one level
-    # its size picks (utils/assigner.py level_by_size); False: on whichever level aligns best, as Ultralytics does
+    # True (models/variants.py's "-level" variants): the one-to-one branch's positive for an object lies on the one
+    # level its size picks (utils/assigner.py level_by_size); False: on whichever level aligns best, as Ultralytics does
     one2one_by_size = False
-    # True (models/yolo.py's "-centre" variants): that positive is the candidate nearest the object's centre, the same
-    # anchor in every step; False: the best aligned by the predictions (utils/assigner.py choose_positives)
+    # True (models/variants.py's "-centre" variants): that positive is the candidate nearest the object's centre, the
+    # same anchor in every step; False: the best aligned by the predictions (utils/assigner.py choose_positives)
     one2one_nearest = False
     # (alpha, beta) of the one-to-one assignment's alignment, score ** alpha * IoU ** beta: by default the one-to-many
-    # head's and Ultralytics'. (1.0, 2.0) (models/yolo.py's "-stable" variants) lets the score lead: the positive
+    # head's and Ultralytics'. (1.0, 2.0) (models/variants.py's "-stable" variants) lets the score lead: the positive
     # stays on the anchor that answers the object best unless a neighbour's box is much better
     one2one_alignment = ALIGNMENT
 

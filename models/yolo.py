@@ -14,7 +14,6 @@ Output in eval:     (batch, anchors, 4 + nc) = x1 y1 x2 y2 in input pixels, then
 
 import contextlib
 import math
-from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -22,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from models.blocks import C2PSA, SPPF, C2f, C3k2, Conv
 from models.head import Detect
-from utils.assigner import ALIGNMENT
+from models.variants import VARIANTS, Variant
 
 # model name: (depth multiple, width multiple, max channels), the values users of Ultralytics know.
 # n..x are YOLOv8 (this repo's models since its start), 11n..11x are YOLO11, 26n..26x are YOLO26.
@@ -45,68 +44,6 @@ SCALES = {
 }
 
 
-class Variant(NamedTuple):
-    """What an NMS-free variant changes: its box branch, how its one-to-one head trains, or (scale) the network under
-    YOLO26's head. The defaults are 26n's."""
-
-    scale: str = "26n"  # the model whose network it keeps (11n: YOLO11n's, with YOLO26's NMS-free head)
-    bins: int = 1  # box bins per side: 1, no DFL (26n's); 16, DFL (11n's); 0: the family's
-    box_width: int = 16  # the box branch's hidden width: 16 is 26n's, 64 11n's; 0: the usual rule (models/head.py)
-    depthwise_box: bool = False  # the box branch's 3x3 convs depthwise, each followed by a 1x1 (YOLO11's class branch)
-    joint: bool = False  # the one-to-one head's loss trains the network too (Ultralytics detaches its features)
-    one2one_bins: int = 0  # the one-to-one head's own box bins (its branch then has the usual width); 0: `bins`
-    consistent: bool = False  # the one-to-many head's predictions choose the one-to-one head's anchors (utils/loss.py)
-    by_size: bool = False  # the one-to-one positive of an object lies on the level its size picks (utils/assigner.py)
-    nearest: bool = False  # the one-to-one positive is the candidate nearest the object's centre (utils/assigner.py)
-    one2one_alignment: tuple = ALIGNMENT  # (alpha, beta) of the one-to-one assignment (models/head.py Detect)
-    peak: bool = False  # the one-to-one class branch sees its features' 3x3 local maxima (models/head.py PeakConv)
-
-
-# NMS-free variants of YOLO26n (and of YOLO11n's network), measured on BCCD against 11n (bench/RESULTS.md "NMS-free on
-# BCCD"; none reaches 11n's mAP within 0.9x its latency). Network times are ONNX Runtime's at 640 px.
-VARIANTS = {
-    "26n-d32": Variant(bins=16, box_width=32),  # DFL at half 11n's width, 0.95x 11n's network time
-    "26n-d32-joint": Variant(bins=16, box_width=32, joint=True),  # the same network and speed, trained jointly
-    "26n-joint": Variant(joint=True),  # 26n itself, trained jointly
-    # DFL at 24 / 16 channels, trained jointly: 0.95x / 0.94x 11n's mAP on BCCD
-    "26n-d24-joint": Variant(bins=16, box_width=24, joint=True),
-    "26n-d16-joint": Variant(bins=16, joint=True),
-    # 26n-joint whose one-to-one anchors the one-to-many head's predictions pick: NMS-free 0.462 against 0.556
-    "26n-cm": Variant(joint=True, consistent=True),
-    # 26n's network and answer, trained jointly beside a one-to-many head with 11n's DFL box branch, which runs
-    # only in training and for --nms: the NMS-free answer costs what 26n's does (and scores as 26n-joint's)
-    "26n-aux": Variant(bins=16, box_width=64, joint=True, one2one_bins=1),
-    "26n-d16": Variant(bins=16),  # DFL at 26n's width
-    "26n-dw": Variant(bins=16, box_width=64, depthwise_box=True),  # DFL at 11n's width, depthwise
-    "26n-b64": Variant(box_width=64),  # 11n's width without DFL
-    # 26n-joint / 26n-d32-joint whose one-to-one head detects each object at the one level its size picks
-    # (utils/assigner.py level_by_size): no duplicates of one object on two levels
-    "26n-level": Variant(joint=True, by_size=True),
-    "26n-d32-level": Variant(bins=16, box_width=32, joint=True, by_size=True),
-    # 26n-dw, the same: 0.570 at seed 0 against 26n-d32-level's 0.585, at 26n-level's speed
-    "26n-dw-level": Variant(bins=16, box_width=64, depthwise_box=True, joint=True, by_size=True),
-    # 26n-level / 26n-d32-level on YOLO11n's network (its neck without YOLO26's C3k blocks and attention, which cost
-    # 26n's network more time than its narrow box branch saves in ONNX Runtime)
-    "11n-level": Variant("11n", joint=True, by_size=True),
-    "11n-d32-level": Variant("11n", bins=16, box_width=32, joint=True, by_size=True),
-    # 11n-d32-level whose one-to-one positive is the anchor nearest the object's centre, not the best aligned: the
-    # same anchor every step, but 0.556 against 0.581 at seed 0 (red cells 0.525 against 0.562)
-    "11n-d32-centre": Variant("11n", bins=16, box_width=32, joint=True, by_size=True, nearest=True),
-    # 11n-level / 11n-d32-level whose one-to-one class branch compares each anchor with its neighbours (PeakConv):
-    # 0.574 / 0.572 against 11n-d32-level's 0.575 (2 seeds, on a GPU)
-    "11n-peak": Variant("11n", joint=True, by_size=True, peak=True),
-    "11n-d32-peak": Variant("11n", bins=16, box_width=32, joint=True, by_size=True, peak=True),
-    # 11n-d32-level whose one-to-one positive is chosen by score * IoU ** 2, not score ** 0.5 * IoU ** 6: it moves
-    # between neighbours less often as the boxes change, so that their scores need not share the object. The best
-    # NMS-free model here: 0.587 against 11n-d32-level's 0.578 and 11n's 0.596 (3 seeds; over 5, 0.581 against 11n's
-    # 0.594), at 0.90x 11n's time.
-    # stable1 (score * IoU) 0.573, stable3 (score * IoU ** 3) 0.583 at seed 0
-    "11n-d32-stable": Variant("11n", bins=16, box_width=32, joint=True, by_size=True, one2one_alignment=(1.0, 2.0)),
-    "11n-d32-stable1": Variant("11n", bins=16, box_width=32, joint=True, by_size=True, one2one_alignment=(1.0, 1.0)),
-    "11n-d32-stable3": Variant("11n", bins=16, box_width=32, joint=True, by_size=True, one2one_alignment=(1.0, 3.0)),
-    # 11n-level, the same: 0.580 against 11n-level's 0.575 at seed 0, at 0.85x 11n's time
-    "11n-stable": Variant("11n", joint=True, by_size=True, one2one_alignment=(1.0, 2.0)),
-}
 MODELS = [*SCALES, *VARIANTS]  # every name --model takes
 
 

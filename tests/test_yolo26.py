@@ -1,5 +1,5 @@
 """YOLO26: its two heads, the NMS-free answer, the variants of its box branch and how its one-to-one head is
-assigned and trained (models/head.py, models/yolo.py VARIANTS, utils/assigner.py, utils/loss.py)."""
+assigned and trained (models/head.py, models/variants.py, utils/assigner.py, utils/loss.py)."""
 
 import numpy as np
 import pytest
@@ -7,8 +7,9 @@ import torch
 from assign_helpers import anchors_for, assign
 
 from models.head import PeakConv
+from models.variants import VARIANTS
 from models.weights import model_from_checkpoint
-from models.yolo import VARIANTS, YOLO, count_gflops
+from models.yolo import YOLO, count_gflops
 from utils.assigner import assign_targets, level_by_size
 from utils.loss import DetectionLoss, one_to_many_weight
 
