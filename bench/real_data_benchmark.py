@@ -105,6 +105,7 @@ RUNS = {
     # its network shaped by the one-to-many loss longer: that weight falls to 0.4, not 0.1
     "ours-11n-d32-stable-o2m04": ("ours", [*RECIPE, "--model", "11n-d32-stable", "--o2m-final", "0.4"]),
     "ours-11n-d32-stable-o2m0": ("ours", [*RECIPE, "--model", "11n-d32-stable", "--o2m-final", "0"]),  # to 0
+    "ours-11n-d32-stable-both": ("ours", [*RECIPE, "--model", "11n-d32-stable-both"]),  # both heads so
     "ours-11n-w64-stable": ("ours", [*RECIPE, "--model", "11n-w64-stable"]),  # 11n's own box branch
     "ours-11n-d32-stable-det-o2m08": ("ours", [*RECIPE, "--model", "11n-d32-stable-det", "--o2m-final", "0.8"]),
     # twice the rate, for both: whether the NMS-free head gains more from it (it learns more slowly)

@@ -77,6 +77,7 @@ class Detect(nn.Module):
     # head's and Ultralytics'. (1.0, 2.0) (models/variants.py's "-stable" variants) lets the score lead: the positive
     # stays on the anchor that answers the object best unless a neighbour's box is much better
     one2one_alignment = ALIGNMENT
+    one2many_alignment = ALIGNMENT  # the same of a one-to-one head's one-to-many twin ("-both" variants)
 
     def __init__(
         self,

@@ -26,6 +26,7 @@ class Variant(NamedTuple):
     by_size: bool = False  # the one-to-one positive of an object lies on the level its size picks (utils/assigner.py)
     nearest: bool = False  # the one-to-one positive is the candidate nearest the object's centre (utils/assigner.py)
     one2one_alignment: tuple = ALIGNMENT  # (alpha, beta) of the one-to-one assignment (models/head.py Detect)
+    one2many_alignment: tuple = ALIGNMENT  # the same of the one-to-many assignment
     peak: bool = False  # the one-to-one class branch sees its features' 3x3 local maxima (models/head.py PeakConv)
 
 
@@ -46,6 +47,9 @@ VARIANTS = {
     "11n-d32-stable3": Variant("11n", **D32_LEVEL, one2one_alignment=(1.0, 3.0)),
     # Its one-to-one head on detached features, the network trained by the one-to-many loss alone: 0.551 at seed 0
     "11n-d32-stable-det": Variant("11n", bins=16, box_width=32, by_size=True, one2one_alignment=STABLE),
+    # Both heads' positives chosen by score * IoU ** 2: the one-to-one positive is then the one-to-many head's best
+    # (YOLOv10's consistent matching metric, at the one-to-one head's setting)
+    "11n-d32-stable-both": Variant("11n", **D32_LEVEL, one2one_alignment=STABLE, one2many_alignment=STABLE),
     # With 11n's own 64-wide DFL box branch (past the time budget): 0.573 at seed 0, so width is not what it lacks
     "11n-w64-stable": Variant("11n", bins=16, box_width=64, joint=True, by_size=True, one2one_alignment=STABLE),
     # 26n-level / 26n-d32-level (below) on YOLO11n's network, whose neck without YOLO26's C3k blocks and attention

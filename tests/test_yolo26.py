@@ -185,6 +185,22 @@ def test_one_to_one_positive_led_by_the_score_stays_on_the_anchor_that_answers()
     assert DetectionLoss(YOLO("11n-d32-level", nc=3).head).one2one_alignment == (0.5, 6.0)
 
 
+@pytest.mark.parametrize("name", ["11n-d32-stable", "11n-d32-stable-both"])
+def test_each_branch_is_assigned_with_its_own_alignment(name, monkeypatch):
+    """--model 11n-d32-stable-both: the one-to-many positives too are chosen by score * IoU ** 2; 11n-d32-stable keeps
+    the usual score ** 0.5 * IoU ** 6 there. Read from the loss's two assignments of a training step."""
+    used, fp32_loss = {}, DetectionLoss.fp32_loss
+
+    def spy(self, maps, padded, keep=None, **settings):
+        used["one2one" if keep == 1 else "one2many"] = settings.get("alignment")
+        return fp32_loss(self, maps, padded, keep=keep, **settings)
+
+    monkeypatch.setattr(DetectionLoss, "fp32_loss", spy)
+    model = YOLO(name, nc=3).train()
+    DetectionLoss(model.head)(model(torch.rand(1, 3, 64, 64)), torch.tensor([[0, 0, 8, 8, 40, 36]]))
+    assert used == {"one2one": (1.0, 2.0), "one2many": (1.0, 2.0) if name.endswith("both") else (0.5, 6.0)}
+
+
 def test_yolo26_loss_one_positive_per_object_progressive_weight_and_it_learns():
     assert [round(one_to_many_weight(e, 8), 4) for e in (0, 4, 7, 9)] == [0.8, 0.4, 0.1, 0.1]  # linear, then held
     assert [one_to_many_weight(e, 8, final=0.8) for e in (0, 4, 7)] == [0.8, 0.8, 0.8]  # --o2m-final 0.8: constant

@@ -164,6 +164,7 @@ class DetectionLoss:
         self.one2one_by_size = getattr(head, "one2one_by_size", False)
         self.one2one_nearest = getattr(head, "one2one_nearest", False)
         self.one2one_alignment = getattr(head, "one2one_alignment", ALIGNMENT)
+        self.one2many_alignment = getattr(head, "one2many_alignment", ALIGNMENT)
         self.assignments_on_cpu = 0
 
     @property
@@ -183,7 +184,7 @@ class DetectionLoss:
                 return self.fp32_loss([m.float() for m in maps], self.padded(targets, maps[0]))
             padded = self.padded(targets, maps["one2many"][0])  # once for both branches: one host read
             many = [m.float() for m in maps["one2many"]]
-            one2many = self.fp32_loss(many, padded)
+            one2many = self.fp32_loss(many, padded, alignment=self.one2many_alignment)
             guide = many if self.consistent_matching else None
             o2o = [m.float() for m in maps["one2one"]]
             o2o_settings = dict(
