@@ -75,6 +75,8 @@ RUNS = {
     "ours-n-nb64": ("ours", [*RECIPE, "--nominal-batch", "64"]),  # a step per 64 images (the old default)
     "ours-n-lr4": ("ours", [*RECIPE, "--lr0", "0.004"]),  # twice the rate: from scratch, with a step per batch
     "ours-n-lr1": ("ours", [*RECIPE, "--lr0", "0.001"]),  # half of it
+    # an EMA that averages a short run's last epochs: its decay reaches 0.98 by the 520th update, not 0.23
+    "ours-n-ema130": ("ours", [*RECIPE, "--ema-tau", "130"]),
     # NMS-free (YOLO26n and variants that change its box branch): scored as they answer and again with --nms
     "ours-26n": ("ours", [*RECIPE, "--model", "26n"]),
     "ours-26n-dfl": ("ours", [*RECIPE, "--model", "26n", "--reg-max", "16"]),  # DFL and 11n's 64-wide box branch
