@@ -40,7 +40,7 @@ VARIANTS = {
     # IoU ** 6, so that it moves between neighbouring anchors less often as their boxes change and their scores need
     # not share the object. 0.581 against 11n's 0.594 over 5 seeds (0.587 against 0.596 over 3), at 0.90x 11n's time.
     "11n-d32-stable": Variant("11n", **D32_LEVEL, one2one_alignment=STABLE),
-    # The same on 11n-level's narrow head: 0.578 against 11n-level's 0.572 (3 seeds), at 0.85x 11n's time
+    # The same on 11n-level's narrow head: 0.578 against 11n-level's 0.572 (3 seeds; 0.576 over 5), 0.85x 11n's time
     "11n-stable": Variant("11n", joint=True, by_size=True, one2one_alignment=STABLE),
     # Its neighbours, seed 0: led more by the score (score * IoU) 0.573, less (score * IoU ** 3) 0.583
     "11n-d32-stable1": Variant("11n", **D32_LEVEL, one2one_alignment=(1.0, 1.0)),
