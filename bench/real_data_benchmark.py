@@ -104,12 +104,12 @@ RUNS = {
     "ours-11n-stable": ("ours", [*RECIPE, "--model", "11n-stable"]),  # 11n-level, its positive led by the score
     # its one-to-one head on detached features, its one-to-many weight kept at 0.8: the network as 11n with a 32-wide
     # DFL box branch would train it (AdamW does not see a constant loss scale)
-    # its network shaped by the one-to-many loss longer: that weight falls to 0.4, not 0.1
-    "ours-11n-d32-stable-o2m04": ("ours", [*RECIPE, "--model", "11n-d32-stable", "--o2m-final", "0.4"]),
-    "ours-11n-d32-stable-o2m0": ("ours", [*RECIPE, "--model", "11n-d32-stable", "--o2m-final", "0"]),  # to 0
-    "ours-11n-d32-stable-both": ("ours", [*RECIPE, "--model", "11n-d32-stable-both"]),  # both heads so
-    "ours-11n-w64-stable": ("ours", [*RECIPE, "--model", "11n-w64-stable"]),  # 11n's own box branch
     "ours-11n-d32-stable-det-o2m08": ("ours", [*RECIPE, "--model", "11n-d32-stable-det", "--o2m-final", "0.8"]),
+    # its network shaped by the one-to-many loss longer: that weight falls to 0.4, not 0.1; or to 0
+    "ours-11n-d32-stable-o2m04": ("ours", [*RECIPE, "--model", "11n-d32-stable", "--o2m-final", "0.4"]),
+    "ours-11n-d32-stable-o2m0": ("ours", [*RECIPE, "--model", "11n-d32-stable", "--o2m-final", "0"]),
+    "ours-11n-d32-stable-both": ("ours", [*RECIPE, "--model", "11n-d32-stable-both"]),  # both heads' positives so
+    "ours-11n-w64-stable": ("ours", [*RECIPE, "--model", "11n-w64-stable"]),  # 11n's own box branch
     # twice the rate, for both: whether the NMS-free head gains more from it (it learns more slowly)
     "ours-11n-lr4": ("ours", [*RECIPE, "--model", "11n", "--lr0", "0.004"]),
     "ours-11n-d32-level-lr4": ("ours", [*RECIPE, "--model", "11n-d32-level", "--lr0", "0.004"]),
