@@ -53,6 +53,7 @@ sys.path.insert(0, str(REPO))  # run as `python bench/real_data_benchmark.py`: f
 
 from bench.peer import find_peer_python  # noqa: E402
 from bench.recipe_benchmark import RECIPE, is_nms_free, run_logged, train_command  # noqa: E402
+from models.variants import VARIANTS  # noqa: E402
 from utils.coco import records_to_coco  # noqa: E402
 from utils.data.dataset_yaml import DatasetError, load_dataset_yaml  # noqa: E402
 from utils.data.labels import load_verified  # noqa: E402
@@ -80,43 +81,20 @@ RUNS = {
     # NMS-free (YOLO26n and variants that change its box branch): scored as they answer and again with --nms
     "ours-26n": ("ours", [*RECIPE, "--model", "26n"]),
     "ours-26n-dfl": ("ours", [*RECIPE, "--model", "26n", "--reg-max", "16"]),  # DFL and 11n's 64-wide box branch
-    "ours-26n-b64": ("ours", [*RECIPE, "--model", "26n-b64"]),  # no DFL, 64-wide box branch
-    "ours-26n-d16": ("ours", [*RECIPE, "--model", "26n-d16"]),  # DFL, 26n's 16-wide box branch
-    "ours-26n-d32": ("ours", [*RECIPE, "--model", "26n-d32"]),  # DFL, 32-wide box branch
-    "ours-26n-d32-joint": ("ours", [*RECIPE, "--model", "26n-d32-joint"]),  # the one-to-one loss trains the network
-    "ours-26n-joint": ("ours", [*RECIPE, "--model", "26n-joint"]),  # 26n, the same
-    "ours-26n-d24-joint": ("ours", [*RECIPE, "--model", "26n-d24-joint"]),  # DFL, 24-wide box branch, joint
-    "ours-26n-d16-joint": ("ours", [*RECIPE, "--model", "26n-d16-joint"]),  # DFL, 16-wide box branch, joint
-    "ours-26n-level": ("ours", [*RECIPE, "--model", "26n-level"]),  # 26n-joint, each object on one level
-    "ours-26n-d32-level": ("ours", [*RECIPE, "--model", "26n-d32-level"]),  # 26n-d32-joint, the same
-    "ours-26n-dw-level": ("ours", [*RECIPE, "--model", "26n-dw-level"]),  # 26n-dw, joint, each object on one level
+    # every NMS-free variant as it is (models/variants.py says what each changes and scored)
+    **{f"ours-{name}": ("ours", [*RECIPE, "--model", name]) for name in VARIANTS},
     # 26n-d32-level whose one-to-many loss keeps half the weight to the end (ProgLoss falls to 0.1 otherwise)
     "ours-26n-d32-level-o2m05": ("ours", [*RECIPE, "--model", "26n-d32-level", "--o2m-final", "0.5"]),
-    # the same NMS-free heads on YOLO11n's network (models/variants.py)
-    "ours-11n-level": ("ours", [*RECIPE, "--model", "11n-level"]),
-    "ours-11n-d32-level": ("ours", [*RECIPE, "--model", "11n-d32-level"]),
-    "ours-11n-d32-centre": ("ours", [*RECIPE, "--model", "11n-d32-centre"]),  # its one-to-one positive at the centre
-    "ours-11n-peak": ("ours", [*RECIPE, "--model", "11n-peak"]),  # their one-to-one class branches see the local max
-    "ours-11n-d32-peak": ("ours", [*RECIPE, "--model", "11n-d32-peak"]),
-    "ours-11n-d32-stable": ("ours", [*RECIPE, "--model", "11n-d32-stable"]),  # its one-to-one positive led by the score
-    "ours-11n-d32-stable1": ("ours", [*RECIPE, "--model", "11n-d32-stable1"]),  # more so: score * IoU
-    "ours-11n-d32-stable3": ("ours", [*RECIPE, "--model", "11n-d32-stable3"]),  # less so: score * IoU ** 3
-    "ours-11n-stable": ("ours", [*RECIPE, "--model", "11n-stable"]),  # 11n-level, its positive led by the score
     # its one-to-one head on detached features, its one-to-many weight kept at 0.8: the network as 11n with a 32-wide
     # DFL box branch would train it (AdamW does not see a constant loss scale)
     "ours-11n-d32-stable-det-o2m08": ("ours", [*RECIPE, "--model", "11n-d32-stable-det", "--o2m-final", "0.8"]),
     # its network shaped by the one-to-many loss longer: that weight falls to 0.4, not 0.1; or to 0
     "ours-11n-d32-stable-o2m04": ("ours", [*RECIPE, "--model", "11n-d32-stable", "--o2m-final", "0.4"]),
     "ours-11n-d32-stable-o2m0": ("ours", [*RECIPE, "--model", "11n-d32-stable", "--o2m-final", "0"]),
-    "ours-11n-d32-stable-both": ("ours", [*RECIPE, "--model", "11n-d32-stable-both"]),  # both heads' positives so
-    "ours-11n-w64-stable": ("ours", [*RECIPE, "--model", "11n-w64-stable"]),  # 11n's own box branch
     # twice the rate, for both: whether the NMS-free head gains more from it (it learns more slowly)
     "ours-11n-lr4": ("ours", [*RECIPE, "--model", "11n", "--lr0", "0.004"]),
     "ours-11n-d32-level-lr4": ("ours", [*RECIPE, "--model", "11n-d32-level", "--lr0", "0.004"]),
-    "ours-26n-cm": ("ours", [*RECIPE, "--model", "26n-cm"]),  # 26n-joint, its one-to-one anchors chosen by the other
-    "ours-26n-aux": ("ours", [*RECIPE, "--model", "26n-aux"]),  # 26n-joint beside a DFL one-to-many head
     "ours-26n-joint-o2m08": ("ours", [*RECIPE, "--model", "26n-joint", "--o2m-final", "0.8"]),  # no ProgLoss decay
-    "ours-26n-dw": ("ours", [*RECIPE, "--model", "26n-dw"]),  # DFL, 64-wide depthwise box branch (26n's cost)
     "ours-26n-o2m08": ("ours", [*RECIPE, "--model", "26n", "--o2m-final", "0.8"]),  # one-to-many weight kept at 0.8
     # fine-tuning --weights FILE (its architecture, its tensors; the class convolutions are new: 3 classes here)
     "ours-ft": ("ours", ["--model", "{weights}"]),  # our defaults: a fine-tuning run's lr0 (utils/settings.py)
