@@ -78,6 +78,9 @@ RUNS = {
     "ours-n-lr1": ("ours", [*RECIPE, "--lr0", "0.001"]),  # half of it
     # an EMA that averages a short run's last epochs: its decay reaches 0.98 by the 520th update, not 0.23
     "ours-n-ema130": ("ours", [*RECIPE, "--ema-tau", "130"]),
+    "ours-n-ms": ("ours", [*RECIPE, "--multi-scale"]),  # the image size varied +/-50% per batch
+    "ours-n-scale25": ("ours", [*RECIPE, "--scale", "0.25"]),  # a milder scale jitter: cells have one magnification
+    "ours-n-scale75": ("ours", [*RECIPE, "--scale", "0.75"]),  # a stronger one: 204 photos to learn from
     # NMS-free (YOLO26n and variants that change its box branch): scored as they answer and again with --nms
     "ours-26n": ("ours", [*RECIPE, "--model", "26n"]),
     "ours-26n-dfl": ("ours", [*RECIPE, "--model", "26n", "--reg-max", "16"]),  # DFL and 11n's 64-wide box branch
