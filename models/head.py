@@ -78,7 +78,6 @@ class Detect(nn.Module):
     # stays on the anchor that answers the object best unless a neighbour's box is much better
     one2one_alignment = ALIGNMENT
     one2many_alignment = ALIGNMENT  # the same of a one-to-one head's one-to-many twin ("-both" variants)
-    one2one_varifocal = False  # True ("-vfl" variants): the one-to-one class loss is varifocal (utils/loss.py)
 
     def __init__(
         self,

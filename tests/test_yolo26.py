@@ -4,7 +4,6 @@ assigned and trained (models/head.py, models/variants.py, utils/assigner.py, uti
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from assign_helpers import anchors_for, assign
 
 from models.head import PeakConv
@@ -187,36 +186,20 @@ def test_one_to_one_positive_led_by_the_score_stays_on_the_anchor_that_answers()
     assert DetectionLoss(YOLO("11n-d32-level", nc=3).head).one2one_alignment == (0.5, 6.0)
 
 
-@pytest.mark.parametrize("name", ["11n-d32-stable", "11n-d32-stable-both", "11n-d32-stable-vfl"])
+@pytest.mark.parametrize("name", ["11n-d32-stable", "11n-d32-stable-both"])
 def test_each_branch_is_assigned_with_its_own_alignment(name, monkeypatch):
     """--model 11n-d32-stable-both: the one-to-many positives too are chosen by score * IoU ** 2; 11n-d32-stable keeps
-    the usual score ** 0.5 * IoU ** 6 there; -vfl: the one-to-one class loss alone is varifocal. Read from the loss's
-    two branches in a training step."""
+    the usual score ** 0.5 * IoU ** 6 there. Read from the loss's two assignments of a training step."""
     used, fp32_loss = {}, DetectionLoss.fp32_loss
 
     def spy(self, maps, padded, keep=None, **settings):
-        used["one2one" if keep == 1 else "one2many"] = settings.get("alignment"), settings.get("varifocal", False)
+        used["one2one" if keep == 1 else "one2many"] = settings.get("alignment")
         return fp32_loss(self, maps, padded, keep=keep, **settings)
 
     monkeypatch.setattr(DetectionLoss, "fp32_loss", spy)
     model = YOLO(name, nc=3).train()
     DetectionLoss(model.head)(model(torch.rand(1, 3, 64, 64)), torch.tensor([[0, 0, 8, 8, 40, 36]]))
-    one2many = (1.0, 2.0) if name.endswith("both") else (0.5, 6.0)
-    assert used == {"one2one": ((1.0, 2.0), name.endswith("vfl")), "one2many": (one2many, False)}
-
-
-def test_varifocal_class_loss_weighs_easy_negatives_little_and_positives_by_their_target():
-    """The -vfl variants' one-to-one class loss: a positive's BCE times its target score, a negative's times 0.75 *
-    p ** 2, so that a confident mistake still costs (p 0.9) and the background the head already rejects does not."""
-    loss = DetectionLoss(YOLO("11n-d32-stable-vfl", nc=3).head)
-    logits = torch.tensor(
-        [[[-4.0], [2.2], [0.0]]]
-    )  # an easy negative (p 0.018), a confident false positive, a positive
-    targets = torch.tensor([[[0.0], [0.0], [0.8]]])
-    bce = F.binary_cross_entropy_with_logits(logits, targets, reduction="none").flatten()
-    each = [loss.class_term(logits[:, i : i + 1], targets[:, i : i + 1], varifocal=True) for i in range(3)]
-    assert each[0] < bce[0] * 1e-3 and each[1] > bce[1] * 0.5 and torch.isclose(each[2], bce[2] * 0.8)
-    assert torch.isclose(loss.class_term(logits, targets), bce.sum())  # BCE for every other branch
+    assert used == {"one2one": (1.0, 2.0), "one2many": (1.0, 2.0) if name.endswith("both") else (0.5, 6.0)}
 
 
 def test_yolo26_loss_one_positive_per_object_progressive_weight_and_it_learns():
