@@ -78,7 +78,6 @@ class Detect(nn.Module):
     # stays on the anchor that answers the object best unless a neighbour's box is much better
     one2one_alignment = ALIGNMENT
     one2many_alignment = ALIGNMENT  # the same of a one-to-one head's one-to-many twin ("-both" variants)
-    one2one_positive_weight = 1.0  # the weight of a positive's BCE in the one-to-one class loss ("-pw" variants)
 
     def __init__(
         self,

@@ -28,7 +28,6 @@ class Variant(NamedTuple):
     one2one_alignment: tuple = ALIGNMENT  # (alpha, beta) of the one-to-one assignment (models/head.py Detect)
     one2many_alignment: tuple = ALIGNMENT  # the same of the one-to-many assignment
     peak: bool = False  # the one-to-one class branch sees its features' 3x3 local maxima (models/head.py PeakConv)
-    positive_weight: float = 1.0  # the one-to-one class loss weighs each positive anchor's BCE this much
 
 
 # The "-d32-level" settings: DFL at half 11n's box width (32), the one-to-one loss trains the network too ("joint"),
@@ -59,9 +58,6 @@ VARIANTS = {
     "11n-aux-stable": Variant(
         "11n", bins=16, box_width=64, joint=True, by_size=True, one2one_bins=1, one2one_alignment=STABLE
     ),
-    # 11n-d32-stable whose one positive per object weighs 3x in the one-to-one class loss: its found objects scored
-    # higher beside the background (it scores fewer of them 0.5 or more than its one-to-many head with NMS)
-    "11n-d32-stable-pw3": Variant("11n", **D32_LEVEL, one2one_alignment=STABLE, positive_weight=3.0),
     # 26n-level / 26n-d32-level (below) on YOLO11n's network, whose neck without YOLO26's C3k blocks and attention
     # costs less time in ONNX Runtime than 26n's narrow box branch saves
     "11n-level": Variant("11n", joint=True, by_size=True),

@@ -119,7 +119,6 @@ class YOLO(nn.Module):
             self.head.detach_one2one, self.head.consistent_matching = not v.joint, v.consistent
             self.head.one2one_by_size, self.head.one2one_nearest = v.by_size, v.nearest
             self.head.one2one_alignment, self.head.one2many_alignment = v.one2one_alignment, v.one2many_alignment
-            self.head.one2one_positive_weight = v.positive_weight
         else:
             n3, n6 = max(round(3 * depth), 1), max(round(6 * depth), 1)
             # backbone

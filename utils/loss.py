@@ -165,7 +165,6 @@ class DetectionLoss:
         self.one2one_nearest = getattr(head, "one2one_nearest", False)
         self.one2one_alignment = getattr(head, "one2one_alignment", ALIGNMENT)
         self.one2many_alignment = getattr(head, "one2many_alignment", ALIGNMENT)
-        self.one2one_positive_weight = getattr(head, "one2one_positive_weight", 1.0)
         self.assignments_on_cpu = 0
 
     @property
@@ -189,10 +188,7 @@ class DetectionLoss:
             guide = many if self.consistent_matching else None
             o2o = [m.float() for m in maps["one2one"]]
             o2o_settings = dict(
-                by_size=self.one2one_by_size,
-                nearest=self.one2one_nearest,
-                alignment=self.one2one_alignment,
-                positive_weight=self.one2one_positive_weight,
+                by_size=self.one2one_by_size, nearest=self.one2one_nearest, alignment=self.one2one_alignment
             )
             one2one = self.fp32_loss(o2o, padded, topk=7, keep=1, guide=guide, **o2o_settings)
             weight = one_to_many_weight(self.epoch, self.epochs, self.o2m_final)
@@ -218,16 +214,7 @@ class DetectionLoss:
         return reg_max, pred_distri, pred_logits, distances_to_boxes(pred_distances, anchors), anchors, strides
 
     def fp32_loss(
-        self,
-        maps,
-        padded,
-        topk=None,
-        keep=None,
-        guide=None,
-        by_size=False,
-        nearest=False,
-        alignment=ALIGNMENT,
-        positive_weight=1.0,
+        self, maps, padded, topk=None, keep=None, guide=None, by_size=False, nearest=False, alignment=ALIGNMENT
     ):
         """One branch's (total, parts); padded: (gt, gt_mask) from DetectionLoss.padded. guide: another branch's
         maps whose predictions choose this branch's anchors and target scores (consistent matching); None: its own.
@@ -243,7 +230,7 @@ class DetectionLoss:
         settings = dict(topk=topk, keep=keep, levels=levels, nearest=nearest, alpha=alpha, beta=beta)
         target_boxes, target_scores, fg = self.assign(guide_logits, guide_boxes, anchors, strides, padded, settings)
         score_sum = target_scores.sum().clamp(min=1)
-        loss_cls = self.class_term(pred_logits, target_scores, positive_weight) / score_sum
+        loss_cls = self.class_term(pred_logits, target_scores) / score_sum
 
         # The box and distance terms, on each image's foreground anchors only
         index, weight, fg = self.foreground(fg, target_scores, padded[0].shape[1] * topk)
@@ -301,13 +288,11 @@ class DetectionLoss:
         weight = (target_scores.sum(-1) * fg).gather(1, index)
         return index, weight, fg.gather(1, index).unsqueeze(-1)
 
-    def class_term(self, pred_logits, target_scores, positive_weight=1.0):
+    def class_term(self, pred_logits, target_scores):
         """The class loss of every anchor, summed: BCE against the assignment's soft (IoU-aware) scores."""
         if self.class_weights is not None and self.class_weights.device != pred_logits.device:
             self.class_weights = self.class_weights.to(pred_logits.device)  # once: a copy per step would be a sync
         bce = F.binary_cross_entropy_with_logits(pred_logits, target_scores, self.class_weights, reduction="none")
-        if positive_weight != 1.0:
-            bce = bce * torch.where(target_scores > 0, positive_weight, 1.0)
         return bce.sum()
 
     @staticmethod
