@@ -281,7 +281,8 @@ def table(out):
         lines += [f"\n{imgsz} px: pycocotools on the val split, mean +/- std over seeds (n)\n"]
         lines += ["| run | epochs | seeds | mAP50-95 | mAP50 | " + " | ".join(f"AP {n}" for n in names) + " | min |"]
         lines += ["|---" * (6 + len(names)) + "|"]
-        order = lambda kv: (list(RUNS).index(kv[0][1].split()[0]), kv[0])  # noqa: E731
+        known = list(RUNS)  # a folder of a run that is no longer defined goes last
+        order = lambda kv: (known.index(r) if (r := kv[0][1].split()[0]) in known else len(known), kv[0])  # noqa: E731
         for (size, run, epochs), results in sorted(cells.items(), key=order):
             if size != imgsz:
                 continue

@@ -12,6 +12,7 @@ import torch
 
 from bench.nms_free_gap import local_maxima, score_profile
 from bench.peer import find_peer_python, use_peer_config
+from bench.real_data_benchmark import table as real_data_table
 from bench.recipe_benchmark import is_nms_free, table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -240,3 +241,16 @@ def test_local_maxima_keeps_the_anchors_that_lead_their_3x3_neighbourhood():
     # the first level: its two peaks, and the zeros that no peak is next to (a tie stays); the coarser level is flat
     expected = [[0, 1, 0, 1], [0, 0, 0, 0], [1, 1, 0, 1]]
     assert mask[0, :12, 4].view(3, 4).tolist() == expected and (mask[0, 12:, 4] == 1).all()
+
+
+def test_real_data_table_keeps_the_results_of_a_run_no_longer_defined(tmp_path):
+    """A probe's run name leaves RUNS with its code (bench/RESULTS.md names the commit that has it); its results under
+    --out still make the table, after the runs defined now, instead of stopping it."""
+    for run, value in (("ours-probe-since-removed", 0.5), ("ours-n", 0.6)):
+        cell = tmp_path / run / "320px" / "e40" / "s0"
+        cell.mkdir(parents=True)
+        per_class = {"RBC": {"AP50-95": value, "AP50": value}}
+        result = {"mAP50-95": value, "mAP50": value, "per_class": per_class, "seconds": 60}
+        (cell / "result.json").write_text(json.dumps(result))
+    rows = [line.split(" | ")[0] for line in real_data_table(tmp_path).splitlines() if line.startswith("| ours")]
+    assert rows == ["| ours-n", "| ours-probe-since-removed"]
