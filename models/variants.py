@@ -58,6 +58,9 @@ VARIANTS = {
     "11n-aux-stable": Variant(
         "11n", bins=16, box_width=64, joint=True, by_size=True, one2one_bins=1, one2one_alignment=STABLE
     ),
+    # 11n-d32-stable whose one-to-one positive lies on the finest level the object spans fewer than 4 strides of, not 8:
+    # BCCD's red cells (44-59 px at 320) at stride 16, about 3 anchors across instead of 6 to choose among
+    "11n-d32-stable-l4": Variant("11n", bins=16, box_width=32, joint=True, by_size=4, one2one_alignment=STABLE),
     # 26n-level / 26n-d32-level (below) on YOLO11n's network, whose neck without YOLO26's C3k blocks and attention
     # costs less time in ONNX Runtime than 26n's narrow box branch saves
     "11n-level": Variant("11n", joint=True, by_size=True),

@@ -25,7 +25,7 @@ ALIGNMENT = (0.5, 6.0)
 
 @torch.no_grad()
 def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask, topk=10, alpha=ALIGNMENT[0],
-                   beta=ALIGNMENT[1], tiny_box=TINY_SIDE, device=None, keep=None, levels=None,
+                   beta=ALIGNMENT[1], tiny_box=TINY_SIDE, device=None, keep=None, levels=None, level_strides=8,
                    nearest=False):  # fmt: skip
     """
     pred_scores: (b, A, nc) probabilities;  pred_boxes: (b, A, 4) xyxy pixels;  anchors: (A, 2) pixels
@@ -60,7 +60,7 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
     # of the valid pairs would make the host wait for the GPU (its size depends on the data).
     valid = candidates(anchors, gt_boxes, gt_mask, tiny_box)  # b, n, A
     if levels is not None:
-        valid &= level_by_size(gt_boxes, levels.to(valid.device))
+        valid &= level_by_size(gt_boxes, levels.to(valid.device), level_strides)
 
     # Alignment metric; 0 outside the candidates.
     batch_index = torch.arange(b, device=gt_labels.device).view(-1, 1).expand(-1, n)
@@ -115,7 +115,7 @@ def candidates(anchors, gt_boxes, gt_mask, tiny_box):
     return (inside > 1e-9) & gt_mask.bool()
 
 
-def level_by_size(gt_boxes, strides):
+def level_by_size(gt_boxes, strides, cells=8):
     """(b, n, A) bool: the anchors of the one level at which each box is detected, by its size alone (sqrt(w * h)):
     the finest level below 8 of its strides (64 px at stride 8), one level coarser per doubling, the coarsest above.
     For a one-to-one head: where its one positive per object may lie on any level, an object whose size suits two
@@ -124,7 +124,9 @@ def level_by_size(gt_boxes, strides):
     would remove (bench/RESULTS.md "NMS-free on BCCD")."""
     wh = (gt_boxes[..., 2:] - gt_boxes[..., :2]).clamp(min=1e-6)
     finest, coarsest = strides.min(), strides.max()
-    level = (wh.prod(-1).sqrt() / (4 * finest)).log2().floor()  # b, n: 0 below 8 finest strides, 1 below 16, ...
+    level = (
+        (wh.prod(-1).sqrt() / (cells / 2 * finest)).log2().floor()
+    )  # b, n: 0 below 8 finest strides, 1 below 16, ...
     return strides == (finest * 2**level).clamp(finest, coarsest).unsqueeze(-1)
 
 

@@ -228,6 +228,8 @@ class DetectionLoss:
         levels = strides.squeeze(-1) if by_size else None
         alpha, beta = alignment
         settings = dict(topk=topk, keep=keep, levels=levels, nearest=nearest, alpha=alpha, beta=beta)
+        if by_size and by_size is not True:  # a number: the object's level is the finest it spans fewer strides of
+            settings["level_strides"] = by_size
         target_boxes, target_scores, fg = self.assign(guide_logits, guide_boxes, anchors, strides, padded, settings)
         score_sum = target_scores.sum().clamp(min=1)
         loss_cls = self.class_term(pred_logits, target_scores) / score_sum
