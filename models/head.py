@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.blocks import Conv
-from utils.assigner import ALIGNMENT
+from utils.assigner import DualAssignment
 from utils.boxes import bins_per_side, dfl_decode, distances_to_boxes, make_anchors
 
 STRIDES = (8, 16, 32)
@@ -64,20 +64,8 @@ class Detect(nn.Module):
     # does not reshape the network the one-to-many head trains. False (models/variants.py's "joint" variants): its
     # gradient reaches the network too.
     detach_one2one = True
-    # True (models/variants.py's "-cm" variant): the one-to-many branch's predictions choose the one-to-one branch's
-    # anchors in the loss (utils/loss.py), as YOLOv10's consistent matching intends; False: its own predictions do
-    consistent_matching = False
-    # True (models/variants.py's "-level" variants): the one-to-one branch's positive for an object lies on the one
-    # level its size picks (utils/assigner.py level_by_size); False: on whichever level aligns best, as Ultralytics does
-    one2one_by_size = False
-    # True (models/variants.py's "-centre" variants): that positive is the candidate nearest the object's centre, the
-    # same anchor in every step; False: the best aligned by the predictions (utils/assigner.py choose_positives)
-    one2one_nearest = False
-    # (alpha, beta) of the one-to-one assignment's alignment, score ** alpha * IoU ** beta: by default the one-to-many
-    # head's and Ultralytics'. (1.0, 2.0) (models/variants.py's "-stable" variants) lets the score lead: the positive
-    # stays on the anchor that answers the object best unless a neighbour's box is much better
-    one2one_alignment = ALIGNMENT
-    one2many_alignment = ALIGNMENT  # the same of a one-to-one head's one-to-many twin ("-both" variants)
+    # how the loss picks each branch's positives (utils/assigner.py; models/variants.py sets its own)
+    assignment = DualAssignment()
 
     def __init__(
         self,

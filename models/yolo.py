@@ -116,9 +116,7 @@ class YOLO(nn.Module):
             reg_max = reg_max or v.bins or (1 if yolo26 else 16)
             variant = (v.box_width, v.depthwise_box, v.one2one_bins, v.peak)
             self.head = Detect(nc, (c3, c4, c5), reg_max, True, cls_width, end2end, *variant)
-            self.head.detach_one2one, self.head.consistent_matching = not v.joint, v.consistent
-            self.head.one2one_by_size, self.head.one2one_nearest = v.by_size, v.nearest
-            self.head.one2one_alignment, self.head.one2many_alignment = v.one2one_alignment, v.one2many_alignment
+            self.head.detach_one2one, self.head.assignment = not v.joint, v.assignment
         else:
             n3, n6 = max(round(3 * depth), 1), max(round(6 * depth), 1)
             # backbone

@@ -140,8 +140,10 @@ def test_one_to_one_assignment_by_size_puts_each_object_on_one_level():
     sides = torch.tensor([[[0.0, 0, 63.9, 63.9], [0, 0, 64, 64], [0, 0, 32, 128], [0, 0, 127, 127], [0, 0, 900, 900]]])
     chosen = level_by_size(sides, torch.tensor([8.0, 16, 32]))  # one stride per box: each box's row has one True
     assert chosen.sum(-1).tolist() == [[1] * 5] and chosen.float().argmax(-1).tolist() == [[0, 1, 1, 1, 2]]
-    assert DetectionLoss(YOLO("26n-level", nc=3).head).one2one_by_size
-    assert not DetectionLoss(YOLO("26n-joint", nc=3).head).one2one_by_size
+    coarser = level_by_size(sides, torch.tensor([8.0, 16, 32]), level_strides=4)  # -l4: under 32 px at stride 8
+    assert coarser.float().argmax(-1).tolist() == [[1, 2, 2, 2, 2]]
+    assert DetectionLoss(YOLO("26n-level", nc=3).head).assignment.level_strides == 8
+    assert DetectionLoss(YOLO("26n-joint", nc=3).head).assignment.level_strides == 0
 
 
 def test_one_to_one_positive_nearest_the_centre_stays_as_the_predictions_change():
@@ -161,8 +163,8 @@ def test_one_to_one_positive_nearest_the_centre_stays_as_the_predictions_change(
             picked[nearest, name] = sorted((int(index[0, a]), *anchors[a].tolist()) for a in fg[0].nonzero().flatten())
     assert picked[True, "plain"] == picked[True, "moved"] == [(0, 44.0, 44.0), (1, 152.0, 152.0)]  # 1 and 7 px off
     assert picked[False, "moved"][0] == (0, 28.0, 28.0) != picked[False, "plain"][0]  # by alignment: it follows
-    assert DetectionLoss(YOLO("11n-d32-centre", nc=3).head).one2one_nearest
-    assert not DetectionLoss(YOLO("11n-d32-level", nc=3).head).one2one_nearest
+    assert DetectionLoss(YOLO("11n-d32-centre", nc=3).head).assignment.nearest
+    assert not DetectionLoss(YOLO("11n-d32-level", nc=3).head).assignment.nearest
 
 
 def test_one_to_one_positive_led_by_the_score_stays_on_the_anchor_that_answers():
@@ -182,8 +184,8 @@ def test_one_to_one_positive_led_by_the_score_stays_on_the_anchor_that_answers()
                                      alpha=alpha, beta=beta)  # fmt: skip
         chosen[beta] = fg[0].nonzero().flatten().tolist()
     assert chosen == {6.0: [fits], 2.0: [answers]}
-    assert DetectionLoss(YOLO("11n-d32-stable", nc=3).head).one2one_alignment == (1.0, 2.0)
-    assert DetectionLoss(YOLO("11n-d32-level", nc=3).head).one2one_alignment == (0.5, 6.0)
+    assert DetectionLoss(YOLO("11n-d32-stable", nc=3).head).assignment.one2one_alignment == (1.0, 2.0)
+    assert DetectionLoss(YOLO("11n-d32-level", nc=3).head).assignment.one2one_alignment == (0.5, 6.0)
 
 
 @pytest.mark.parametrize("name", ["11n-d32-stable", "11n-d32-stable-both"])
@@ -252,4 +254,4 @@ def test_consistent_matching_gives_the_one_to_one_head_an_anchor_the_one_to_many
     fg_many = loss_fn.assign(logits, boxes, anchors, strides, padded, dict(topk=10, keep=None))[2]
     fg_one = loss_fn.assign(logits, boxes, anchors, strides, padded, dict(topk=7, keep=1))[2]
     assert fg_one.sum(1).tolist() == [2, 2] and (fg_one <= fg_many).all()
-    assert not DetectionLoss(YOLO("26n-joint", nc=3).head).consistent_matching
+    assert not DetectionLoss(YOLO("26n-joint", nc=3).head).assignment.consistent

@@ -11,6 +11,8 @@ on an image with thousands of boxes (pitfall D5). `assign_targets(..., device="c
 runs it on the CPU and returns the results on the caller's device.
 """
 
+from typing import NamedTuple
+
 import torch
 
 from utils.boxes import complete_iou_loss
@@ -19,8 +21,29 @@ from utils.boxes import complete_iou_loss
 # under this may miss every centre. The default of tiny_box: sides under it count as this long.
 TINY_SIDE = 8.5
 # (alpha, beta) of the alignment score ** alpha * IoU ** beta: TOOD's and YOLOv8's, and the default of every branch
-# (a one-to-one head may choose its own: models/head.py Detect.one2one_alignment)
+# (a one-to-one head may choose its own: DualAssignment below)
 ALIGNMENT = (0.5, 6.0)
+
+
+class DualAssignment(NamedTuple):
+    """How utils/loss.py picks the positives of a head's two branches when it has a one-to-one (NMS-free) copy
+    (YOLO26: models/head.py Detect.assignment). The defaults are Ultralytics' and YOLOv10's; models/variants.py names
+    the combinations measured on BCCD (bench/RESULTS.md "NMS-free on BCCD")."""
+
+    # True ("-cm"): the one-to-many branch's predictions choose the one-to-one branch's anchors and target scores, as
+    # YOLOv10's consistent matching intends; False: its own predictions do
+    consistent: bool = False
+    # 8 ("-level"): an object's one-to-one positive lies on the finest level it spans fewer than this many strides of
+    # (level_by_size), so that an object whose size suits two levels is not answered on both; 0: on whichever level
+    # aligns best, as in Ultralytics
+    level_strides: int = 0
+    # True ("-centre"): that positive is the candidate nearest the object's centre, the same anchor in every step;
+    # False: the best aligned by the predictions (choose_positives)
+    nearest: bool = False
+    # (alpha, beta) of each branch's alignment. (1.0, 2.0) for the one-to-one branch ("-stable") lets the score
+    # lead: the positive stays on the anchor that answers the object best unless a neighbour's box is much better
+    one2one_alignment: tuple = ALIGNMENT
+    one2many_alignment: tuple = ALIGNMENT
 
 
 @torch.no_grad()
@@ -36,7 +59,7 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
     keep: after the top-k and the one-box-per-anchor rule, each box keeps only its `keep` best anchors by alignment
           (YOLO26's one-to-one branch: topk 7, keep 1, one positive per object); None keeps all.
     levels: (A,) each anchor's stride in pixels: given, a box's candidates are only the anchors of the one level
-            its size picks (level_by_size); None: every level's.
+            its size picks (level_by_size, with level_strides); None: every level's.
     nearest: with keep, each box's positives are the candidates nearest its centre (choose_positives).
     Returns target_boxes (b, A, 4), target_scores (b, A, nc), foreground mask (b, A) bool,
     and the index of the assigned box per anchor (b, A).
@@ -115,18 +138,18 @@ def candidates(anchors, gt_boxes, gt_mask, tiny_box):
     return (inside > 1e-9) & gt_mask.bool()
 
 
-def level_by_size(gt_boxes, strides, cells=8):
+def level_by_size(gt_boxes, strides, level_strides=8):
     """(b, n, A) bool: the anchors of the one level at which each box is detected, by its size alone (sqrt(w * h)):
-    the finest level below 8 of its strides (64 px at stride 8), one level coarser per doubling, the coarsest above.
+    the finest level it spans fewer than `level_strides` strides of (8: below 64 px at stride 8), one level coarser
+    per doubling, the coarsest above.
     For a one-to-one head: where its one positive per object may lie on any level, an object whose size suits two
     (BCCD's red cells at 320 px, between strides 8 and 16) is the positive of one level in one step and of the
     other in the next, and both levels' branches learn to answer it: the same object twice, a duplicate that only NMS
     would remove (bench/RESULTS.md "NMS-free on BCCD")."""
     wh = (gt_boxes[..., 2:] - gt_boxes[..., :2]).clamp(min=1e-6)
     finest, coarsest = strides.min(), strides.max()
-    level = (
-        (wh.prod(-1).sqrt() / (cells / 2 * finest)).log2().floor()
-    )  # b, n: 0 below 8 finest strides, 1 below 16, ...
+    # b, n: 0 below level_strides finest strides, 1 below twice that, ...
+    level = (wh.prod(-1).sqrt() / (level_strides / 2 * finest)).log2().floor()
     return strides == (finest * 2**level).clamp(finest, coarsest).unsqueeze(-1)
 
 

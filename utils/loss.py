@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from utils.assigner import ALIGNMENT, TINY_SIDE, assign_targets
+from utils.assigner import ALIGNMENT, TINY_SIDE, DualAssignment, assign_targets
 from utils.boxes import (
     bins_per_side,
     boxes_to_distances,
@@ -160,11 +160,7 @@ class DetectionLoss:
         self.topk, self.tiny_box = topk, tiny_box
         # ProgLoss's position and end (end-to-end heads only; train.py sets the epoch)
         self.epoch, self.epochs, self.o2m_final = 0, epochs, o2m_final
-        self.consistent_matching = getattr(head, "consistent_matching", False)  # models/head.py's Detect
-        self.one2one_by_size = getattr(head, "one2one_by_size", False)
-        self.one2one_nearest = getattr(head, "one2one_nearest", False)
-        self.one2one_alignment = getattr(head, "one2one_alignment", ALIGNMENT)
-        self.one2many_alignment = getattr(head, "one2many_alignment", ALIGNMENT)
+        self.assignment = getattr(head, "assignment", DualAssignment())  # models/head.py's Detect (YOLO26)
         self.assignments_on_cpu = 0
 
     @property
@@ -184,11 +180,12 @@ class DetectionLoss:
                 return self.fp32_loss([m.float() for m in maps], self.padded(targets, maps[0]))
             padded = self.padded(targets, maps["one2many"][0])  # once for both branches: one host read
             many = [m.float() for m in maps["one2many"]]
-            one2many = self.fp32_loss(many, padded, alignment=self.one2many_alignment)
-            guide = many if self.consistent_matching else None
+            rule = self.assignment
+            one2many = self.fp32_loss(many, padded, alignment=rule.one2many_alignment)
+            guide = many if rule.consistent else None
             o2o = [m.float() for m in maps["one2one"]]
             o2o_settings = dict(
-                by_size=self.one2one_by_size, nearest=self.one2one_nearest, alignment=self.one2one_alignment
+                level_strides=rule.level_strides, nearest=rule.nearest, alignment=rule.one2one_alignment
             )
             one2one = self.fp32_loss(o2o, padded, topk=7, keep=1, guide=guide, **o2o_settings)
             weight = one_to_many_weight(self.epoch, self.epochs, self.o2m_final)
@@ -214,22 +211,22 @@ class DetectionLoss:
         return reg_max, pred_distri, pred_logits, distances_to_boxes(pred_distances, anchors), anchors, strides
 
     def fp32_loss(
-        self, maps, padded, topk=None, keep=None, guide=None, by_size=False, nearest=False, alignment=ALIGNMENT
+        self, maps, padded, topk=None, keep=None, guide=None, level_strides=0, nearest=False, alignment=ALIGNMENT
     ):
         """One branch's (total, parts); padded: (gt, gt_mask) from DetectionLoss.padded. guide: another branch's
         maps whose predictions choose this branch's anchors and target scores (consistent matching); None: its own.
-        by_size: each object's anchors come from the one level its size picks (utils/assigner.py level_by_size).
+        level_strides: each object's anchors come from the one level its size picks, the finest it spans fewer than
+        this many strides of (utils/assigner.py level_by_size); 0: from every level.
         nearest: its `keep` anchors are the candidates nearest its centre (utils/assigner.py choose_positives).
         alignment: (alpha, beta) of the assignment's score ** alpha * IoU ** beta (utils/assigner.py)."""
         b = maps[0].shape[0]
         topk = topk or self.topk
         reg_max, pred_distri, pred_logits, pred_boxes, anchors, strides = self.predictions(maps)
         guide_logits, guide_boxes = (pred_logits, pred_boxes) if guide is None else self.predictions(guide)[2:4]
-        levels = strides.squeeze(-1) if by_size else None
+        levels = strides.squeeze(-1) if level_strides else None
         alpha, beta = alignment
-        settings = dict(topk=topk, keep=keep, levels=levels, nearest=nearest, alpha=alpha, beta=beta)
-        if by_size and by_size is not True:  # a number: the object's level is the finest it spans fewer strides of
-            settings["level_strides"] = by_size
+        settings = dict(topk=topk, keep=keep, levels=levels, level_strides=level_strides, nearest=nearest)
+        settings.update(alpha=alpha, beta=beta)
         target_boxes, target_scores, fg = self.assign(guide_logits, guide_boxes, anchors, strides, padded, settings)
         score_sum = target_scores.sum().clamp(min=1)
         loss_cls = self.class_term(pred_logits, target_scores) / score_sum
@@ -262,7 +259,7 @@ class DetectionLoss:
             gt[..., 1:],
             gt_mask,
         )
-        settings = dict(settings, tiny_box=self.tiny_box)  # topk, keep, levels, nearest, alpha, beta: assign_targets'
+        settings = dict(settings, tiny_box=self.tiny_box)  # topk, keep, levels, level_strides, nearest, alpha, beta
         try:
             assigned = assign_targets(*inputs, **settings)
         except torch.OutOfMemoryError:
