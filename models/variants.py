@@ -56,9 +56,6 @@ VARIANTS = {
     # BCCD's red cells (44-59 px at 320) at stride 16, about 3 anchors across instead of 6. 0.572 against 0.587 at
     # seed 0, the red cells level (0.566 / 0.565)
     "11n-d32-stable-l4": Variant("11n", **D32, assignment=STABLE._replace(level_strides=4)),
-    # 11n-d32-stable whose objects keep their one positive before shared anchors are settled: in a crowd of red
-    # cells a neighbour's 7 candidates, of which it keeps one, no longer take an object's best anchor from it
-    "11n-d32-crowd": Variant("11n", **D32, assignment=STABLE._replace(keep_first=True)),
     # 26n-level / 26n-d32-level (below) on YOLO11n's network, whose neck without YOLO26's C3k blocks and attention
     # costs less time in ONNX Runtime than 26n's narrow box branch saves
     "11n-level": Variant("11n", joint=True, assignment=LEVEL),

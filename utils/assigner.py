@@ -44,16 +44,12 @@ class DualAssignment(NamedTuple):
     # lead: the positive stays on the anchor that answers the object best unless a neighbour's box is much better
     one2one_alignment: tuple = ALIGNMENT
     one2many_alignment: tuple = ALIGNMENT
-    # True ("-crowd"): each object keeps its best candidate first and only then are shared anchors settled, so that a
-    # neighbour's candidate it would not keep cannot take an object's best anchor; False: settled among the top-k
-    # candidates first, as in Ultralytics
-    keep_first: bool = False
 
 
 @torch.no_grad()
 def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask, topk=10, alpha=ALIGNMENT[0],
                    beta=ALIGNMENT[1], tiny_box=TINY_SIDE, device=None, keep=None, levels=None, level_strides=8,
-                   nearest=False, keep_first=False):  # fmt: skip
+                   nearest=False):  # fmt: skip
     """
     pred_scores: (b, A, nc) probabilities;  pred_boxes: (b, A, 4) xyxy pixels;  anchors: (A, 2) pixels
     gt_labels: (b, n, 1);  gt_boxes: (b, n, 4) xyxy pixels;  gt_mask: (b, n, 1), 1 for real boxes (rest is padding)
@@ -102,11 +98,11 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
     if nearest and keep is not None:
         centre = (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2
         distance = (anchors - centre[:, :, None]).pow(2).sum(-1)  # b, n, A
-    positive = choose_positives(alignment, overlaps, valid, min(topk, num_anchors), keep, distance, keep_first)
+    positive = choose_positives(alignment, overlaps, valid, min(topk, num_anchors), keep, distance)
     return tuple(t.to(home) for t in soft_targets(gt_labels, gt_boxes, positive, alignment, overlaps, nc))
 
 
-def choose_positives(alignment, overlaps, valid, k, keep, distance=None, keep_first=False):
+def choose_positives(alignment, overlaps, valid, k, keep, distance=None):
     """(b, n, A) 0/1: each box's positive anchors. Its top-k candidates by alignment (ties broken by topk's order);
     then, with keep, the `keep` best of those. distance (b, n, A), given with keep: instead, the `keep` candidates
     nearest the box centre, whatever their alignment: the same anchor in every step (a one-to-one head's positive
@@ -118,8 +114,6 @@ def choose_positives(alignment, overlaps, valid, k, keep, distance=None, keep_fi
     else:
         in_topk = torch.zeros_like(alignment, dtype=torch.bool).scatter_(-1, alignment.topk(k, -1).indices, True)
         positive = (in_topk & valid).to(alignment.dtype)  # b, n, A
-        if keep_first and keep is not None:
-            return keep_then_settle(alignment * positive, overlaps, positive, keep)
     # computed whether or not any anchor is claimed twice: asking would be a host sync
     multi = (positive.sum(1) > 1).unsqueeze(1)  # b, 1, A
     best = torch.zeros_like(positive).scatter_(1, overlaps.argmax(1, keepdim=True), 1)
@@ -128,23 +122,6 @@ def choose_positives(alignment, overlaps, valid, k, keep, distance=None, keep_fi
         best_anchors = (alignment * positive).topk(keep, -1).indices  # b, n, keep (0 where none: not positive)
         positive = positive * torch.zeros_like(positive).scatter_(-1, best_anchors, 1)
     return positive
-
-
-def keep_then_settle(score, overlaps, chosen, keep):
-    """(b, n, A) 0/1: each box's `keep` best anchors among its candidates (`chosen`, by `score`); an anchor kept by
-    several boxes goes to the one it overlaps most, and a box left without one takes its best anchor that no box
-    kept, once."""
-
-    def best(s):
-        return torch.zeros_like(s).scatter_(-1, s.topk(keep, -1).indices, 1) * chosen
-
-    def settle(p):
-        multi = (p.sum(1) > 1).unsqueeze(1)
-        return torch.where(multi, torch.zeros_like(p).scatter_(1, (overlaps * p).argmax(1, keepdim=True), 1) * p, p)
-
-    positive = settle(best(score))
-    free, lost = positive.sum(1, keepdim=True) == 0, positive.sum(-1, keepdim=True) == 0
-    return settle(positive + best(score * free) * free * lost)
 
 
 def candidates(anchors, gt_boxes, gt_mask, tiny_box):

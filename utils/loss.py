@@ -185,10 +185,7 @@ class DetectionLoss:
             guide = many if rule.consistent else None
             o2o = [m.float() for m in maps["one2one"]]
             o2o_settings = dict(
-                level_strides=rule.level_strides,
-                nearest=rule.nearest,
-                alignment=rule.one2one_alignment,
-                keep_first=rule.keep_first,
+                level_strides=rule.level_strides, nearest=rule.nearest, alignment=rule.one2one_alignment
             )
             one2one = self.fp32_loss(o2o, padded, topk=7, keep=1, guide=guide, **o2o_settings)
             weight = one_to_many_weight(self.epoch, self.epochs, self.o2m_final)
@@ -214,24 +211,14 @@ class DetectionLoss:
         return reg_max, pred_distri, pred_logits, distances_to_boxes(pred_distances, anchors), anchors, strides
 
     def fp32_loss(
-        self,
-        maps,
-        padded,
-        topk=None,
-        keep=None,
-        guide=None,
-        level_strides=0,
-        nearest=False,
-        alignment=ALIGNMENT,
-        keep_first=False,
+        self, maps, padded, topk=None, keep=None, guide=None, level_strides=0, nearest=False, alignment=ALIGNMENT
     ):
         """One branch's (total, parts); padded: (gt, gt_mask) from DetectionLoss.padded. guide: another branch's
         maps whose predictions choose this branch's anchors and target scores (consistent matching); None: its own.
         level_strides: each object's anchors come from the one level its size picks, the finest it spans fewer than
         this many strides of (utils/assigner.py level_by_size); 0: from every level.
         nearest: its `keep` anchors are the candidates nearest its centre (utils/assigner.py choose_positives).
-        alignment: (alpha, beta) of the assignment's score ** alpha * IoU ** beta (utils/assigner.py).
-        keep_first: its `keep` anchors are chosen before shared anchors are settled (utils/assigner.py)."""
+        alignment: (alpha, beta) of the assignment's score ** alpha * IoU ** beta (utils/assigner.py)."""
         b = maps[0].shape[0]
         topk = topk or self.topk
         reg_max, pred_distri, pred_logits, pred_boxes, anchors, strides = self.predictions(maps)
@@ -239,7 +226,7 @@ class DetectionLoss:
         levels = strides.squeeze(-1) if level_strides else None
         alpha, beta = alignment
         settings = dict(topk=topk, keep=keep, levels=levels, level_strides=level_strides, nearest=nearest)
-        settings.update(alpha=alpha, beta=beta, keep_first=keep_first)
+        settings.update(alpha=alpha, beta=beta)
         target_boxes, target_scores, fg = self.assign(guide_logits, guide_boxes, anchors, strides, padded, settings)
         score_sum = target_scores.sum().clamp(min=1)
         loss_cls = self.class_term(pred_logits, target_scores) / score_sum
