@@ -225,8 +225,9 @@ class DetectionLoss:
         guide_logits, guide_boxes = (pred_logits, pred_boxes) if guide is None else self.predictions(guide)[2:4]
         levels = strides.squeeze(-1) if level_strides else None
         alpha, beta = alignment
-        settings = dict(topk=topk, keep=keep, levels=levels, level_strides=level_strides, nearest=nearest)
-        settings.update(alpha=alpha, beta=beta)
+        settings = dict(
+            topk=topk, keep=keep, levels=levels, level_strides=level_strides, nearest=nearest, alpha=alpha, beta=beta
+        )
         target_boxes, target_scores, fg = self.assign(guide_logits, guide_boxes, anchors, strides, padded, settings)
         score_sum = target_scores.sum().clamp(min=1)
         loss_cls = self.class_term(pred_logits, target_scores) / score_sum
