@@ -158,6 +158,24 @@ def test_ultralytics_yamls_load_unchanged(tmp_path, log_lines):
     assert len(L.load_verified(data["val"], data["nc"], "val")) == 2
 
 
+def test_roboflow_yolo_export_loads_as_downloaded(tmp_path):
+    """Roboflow's YOLO export names its splits `../train/images` from a data.yaml that lies beside train/ and valid/
+    (Ultralytics reads it so too); its test split is often absent, and its `roboflow:` key is not ours."""
+    export = tmp_path / "BCCD-1"
+    for split, n in (("train", 2), ("valid", 1)):
+        for k in range(n):
+            rect = (32, 32, 64, 64, k)
+            write_labels(write_image(export / split / "images" / f"im{k}.jpg", 96, 96, [rect]), 96, 96, [rect])
+    (export / "data.yaml").write_text(
+        "train: ../train/images\nval: ../valid/images\ntest: ../test/images\n\nnc: 4\nnames: ['a', 'b', 'c', 'd']\n\n"
+        "roboflow:\n  workspace: w\n  project: bccd\n  version: 1\n  license: MIT\n"
+    )
+    data = load_dataset_yaml(export / "data.yaml")
+    assert data["train"] == [export / "train" / "images"] and data["val"] == [export / "valid" / "images"]
+    assert data["test"] == [] and data["nc"] == 4
+    assert len(L.load_verified(data["train"], data["nc"], "train")) == 2
+
+
 @pytest.mark.parametrize(
     "text, culprit",
     [

@@ -194,14 +194,17 @@ def test_yolo2coco_writes_what_reads_back_as_the_same_records(sets, tmp_path):
 
 def test_other_spellings_read_the_same_records(sets, tmp_path):
     """An ImageSets .txt under `path:` (no `voc:` key), a folder of images with their .xml beside (Roboflow's and
-    LabelImg's VOC), a COCO json named alone with its images beside it (Roboflow's COCO), bare image-set names."""
+    LabelImg's VOC), a COCO json named alone with its images beside it and the root category that groups the others
+    first (Roboflow's COCO), bare image-set names."""
     root, _ = sets
     flat = tmp_path / "flat"
     for (split, image), _ in sets[1].items():
         (flat / split).mkdir(parents=True, exist_ok=True)
         shutil.copy(image, flat / split / image.name)
         shutil.copy(root / "voc" / "Annotations" / f"{image.stem}.xml", flat / split / f"{image.stem}.xml")
-    shutil.copy(root / "coco" / "annotations" / "instances_val.json", flat / "val" / "_annotations.coco.json")
+    roboflow = json.loads((root / "coco" / "annotations" / "instances_val.json").read_text())
+    roboflow["categories"].insert(0, {"id": 0, "name": "shape", "supercategory": "none"})  # Roboflow's root category
+    (flat / "val" / "_annotations.coco.json").write_text(json.dumps(roboflow))
     spellings = {
         "imageset": f"path: {root / 'voc'}\ntrain: ImageSets/Main/train.txt\nval: ImageSets/Main/val.txt\n",
         "names": f"voc: {root / 'voc'}\ntrain: train\nval: val\nnames: {NAMES}\n",
@@ -215,6 +218,28 @@ def test_other_spellings_read_the_same_records(sets, tmp_path):
         got = load_verified(data["val"], data["nc"], "val")
         assert data["names"] == NAMES and np.array_equal(got.labels, want.labels), name
         assert np.array_equal(got.ignored, want.ignored), name
+
+
+def test_only_a_category_that_groups_others_and_has_no_box_is_left_out(tmp_path):
+    """Roboflow's root category is left out; a parent with boxes of its own, COCO's `person` (its own supercategory)
+    and a json whose categories all group another and have no box keep every category."""
+    from utils.data.coco_json import categories
+
+    def cats(*rows):
+        return [{"id": i, "name": n, "supercategory": sup} for i, n, sup in rows]
+
+    cases = {
+        "roboflow": (cats((0, "cells", "none"), (1, "RBC", "cells"), (2, "WBC", "cells")), [1, 2], [0]),
+        "annotated parent": (cats((1, "vehicle", "none"), (2, "car", "vehicle")), [1, 2], []),
+        "coco person": (cats((1, "person", "person"), (2, "car", "vehicle")), [2], []),
+        "all parents, no box": (cats((1, "a", "b"), (2, "b", "a")), [], []),
+    }
+    for name, (categories_, used, groups) in cases.items():
+        path = tmp_path / f"{name}.json"
+        image = {"id": 1, "file_name": "a.jpg", "width": 9, "height": 9}
+        annotations = [{"id": k, "image_id": 1, "category_id": c, "bbox": [1, 1, 3, 3]} for k, c in enumerate(used)]
+        path.write_text(json.dumps({"images": [image], "annotations": annotations, "categories": categories_}))
+        assert [c for c, _, group in categories(path) if group] == groups, name
 
 
 @pytest.mark.parametrize(

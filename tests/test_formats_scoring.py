@@ -113,3 +113,29 @@ def test_scoring_of_voc_coco_json_and_yolo_is_pycocotools_with_ignored_boxes(set
     for fmt in ("voc", "coco"):
         assert scores[fmt] == pytest.approx(by_hand, abs=1e-6), fmt
     assert scores["yolo"][0] < by_hand[0]  # without the ignored boxes, the detections on them are false positives
+
+
+def test_roboflow_coco_export_scores_as_its_json_without_the_root_category(sets, tmp_path):
+    """Roboflow's COCO export: each split's `_annotations.coco.json` beside its images, a root category first that
+    the others name as their supercategory and no box has. It is no class: the same classes, category ids and
+    scores as the plain json, and pycocotools' own numbers on the Roboflow json as written."""
+    root, truth = sets
+    export = json.loads((root / "coco" / "annotations" / "instances_val.json").read_text())
+    export["categories"] = [{"id": 0, "name": "shape", "supercategory": "none"}, *export["categories"]]
+    (tmp_path / "valid").mkdir()
+    for image in (root / "coco" / "images" / "val").iterdir():
+        (tmp_path / "valid" / image.name).write_bytes(image.read_bytes())
+    (tmp_path / "valid" / "_annotations.coco.json").write_text(json.dumps(export))
+    (tmp_path / "data.yaml").write_text("train: valid/_annotations.coco.json\nval: valid/_annotations.coco.json\n")
+    scores = {}
+    for name, cfg in (("roboflow", tmp_path / "data.yaml"), ("coco", root / "coco.yaml")):
+        data = load_dataset_yaml(cfg)
+        assert data["names"] == NAMES, name
+        records = load_verified(data["val"], data["nc"], "val")
+        gt, image_ids, category_ids = ground_truth(records, data["names"], data["coco_jsons"]["val"])
+        assert sorted(category_ids) == sorted(CATEGORY_IDS), name
+        results = synthetic_detections(records, truth)
+        detections = [d for i, det in results.items() for d in detections_to_coco(det, image_ids[i], category_ids)]
+        scores[name] = coco_map(gt, detections, category_ids)[:2]
+    assert scores["roboflow"] == pytest.approx(pycocotools_by_hand(export, detections), abs=1e-6)
+    assert scores["roboflow"] == pytest.approx(scores["coco"], abs=1e-6) and 0.2 < scores["coco"][0] < 0.95

@@ -75,12 +75,14 @@ def ground_truth(records, names, coco_json=None):
         if missing:
             raise ValueError(f"{coco_json} has no entry for {len(missing)} validation images, e.g. {missing[0]}")
         ids = [by_name[Path(r["im"]).name] for r in records]
-    category_ids = sorted(c["id"] for c in gt["categories"])  # YOLO class i = i-th category by id
-    keep = set(ids)
+    # YOLO class i = i-th category by id, of those that are classes (a CocoSplit knows; not a grouping category)
+    category_ids = list(getattr(coco_json, "category_ids", ()) or sorted(c["id"] for c in gt["categories"]))
+    keep, classes = set(ids), set(category_ids)
     gt = dict(
         gt,
         images=[im for im in gt["images"] if im["id"] in keep],
         annotations=[a for a in gt["annotations"] if a["image_id"] in keep],
+        categories=[c for c in gt["categories"] if c["id"] in classes],
     )
     if len(names) == 1 < len(category_ids):  # --single-cls: every category is the one class, 'object'
         category_ids = category_ids[:1]

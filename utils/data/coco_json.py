@@ -2,8 +2,9 @@
 split's images are the json's `images`, found in the split's image folder by `file_name`. Nothing is converted
 or written into the dataset's folder.
 
-Classes: the json's categories sorted by id become classes 0..n-1 (COCO's 80 ids 1..90 become 0..79); the
-original ids are kept for scoring, which reads the original json itself (utils/coco.py ground_truth).
+Classes: the json's categories sorted by id become classes 0..n-1 (COCO's 80 ids 1..90 become 0..79), all but a
+category that only groups the others (Roboflow's root category: `categories`); the original ids are kept for
+scoring, which reads the original json itself (utils/coco.py ground_truth).
 `iscrowd` annotations: kept out of the training targets (a crowd region is not one object) and ignored in scoring,
 as pycocotools does.
 
@@ -80,16 +81,27 @@ def read_json(path):
 
 
 def categories(path):
-    """[(id, name), ...] of a COCO json, sorted by id. Remembered in our cache folder (keyed by the file's size and
-    time): the dataset yaml is read at every start, and COCO's train json takes seconds to parse."""
+    """[(id, name, group), ...] of a COCO json, sorted by id. group: the category only groups others (another one
+    names it as its supercategory) and no annotation has it, as the root category that Roboflow's export puts first
+    (`{"id": 0, "name": "cells", "supercategory": "none"}`): not a class (utils/data/dataset_yaml.py). Remembered in
+    our cache folder (keyed by the file's size and time): the dataset yaml is read at every start, and COCO's train
+    json takes seconds to parse."""
     st = os.stat(path)
-    key = hashlib.sha256(f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"v2|{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     remembered = cache_dir() / f"coco_categories.{key}.json"
     try:
         return [tuple(c) for c in json.loads(remembered.read_text())]
     except (OSError, ValueError):
         pass
-    found = sorted((c["id"], str(c.get("name", c["id"]))) for c in read_json(path)["categories"])
+    data = read_json(path)
+    used = {a.get("category_id") for a in data.get("annotations") or [] if isinstance(a, dict)}
+    parents = {c.get("supercategory") for c in data["categories"] if c.get("supercategory") != c.get("name")}
+    found = sorted(
+        (c["id"], str(c.get("name", c["id"])), c.get("name") in parents and c["id"] not in used)
+        for c in data["categories"]
+    )
+    if all(group for *_, group in found):  # nothing annotated at all: keep what the json lists
+        found = [(c, name, False) for c, name, _ in found]
     try:
         remembered.parent.mkdir(parents=True, exist_ok=True)
         remembered.write_text(json.dumps(found))

@@ -22,10 +22,10 @@ SPLITS = ("train", "val", "test")
 def load_dataset_yaml(path):
     """Read a YOLOv5/Ultralytics dataset yaml. Returns a dict with `root`, `train`, `val`, `test`
     (lists of resolved sources: folders or .txt lists; utils.data.voc.VocSplit or utils.data.coco_json.CocoSplit for
-    those formats), `names` (list), `nc`, `yaml`, `coco_json` (the original json val is scored against, or
-    None), `coco_jsons` (the same for each split) and `defaults` (the train.py settings the yaml recommends:
-    utils.settings.apply_dataset_defaults). Keys we do not use (`download`, ...) are ignored, so a yaml
-    copied from those repos works as is. The built-in shapes set is generated here on first use."""
+    those formats), `names` (list), `nc`, `yaml`, `coco_json` (the original json val is scored against: a CocoSplit
+    or a path, or None), `coco_jsons` (the same for each split) and `defaults` (the train.py settings the yaml
+    recommends: utils.settings.apply_dataset_defaults). Keys we do not use (`download`, `roboflow`, ...) are ignored,
+    so a yaml copied from those repos works as is. The built-in shapes set is generated here on first use."""
     path = Path(path)
     if not path.exists() and not path.is_absolute() and (Path(__file__).parents[1] / "data" / path).exists():
         path = Path(__file__).parents[1] / "data" / path  # `--data coco.yaml` finds data/coco.yaml
@@ -181,6 +181,8 @@ def _resolve(cfg, key, item, root, path):
         # Old YOLOv5 yamls have no `path` and name folders from the working directory
         # (`train: ../coco128/images/train2017`): try there too before giving up.
         tried = [root / p] + ([Path(item).resolve()] if not cfg.get("path") else [])
+        if item.startswith("../"):  # Roboflow's YOLO export: `train: ../train/images` for the train/ beside the yaml
+            tried.append(root / item[3:])
         p = next((c for c in tried if c.exists()), tried[0])
     if not p.exists():
         _missing(key, path, p)
@@ -242,6 +244,11 @@ def _names_of(cfg, path, sources):
 def _coco_names(cfg, path, sources):
     """Names and category ids of the COCO jsons of every split, which must have the same categories."""
     found = {s.json: coco_json.categories(s.json) for s in sources}
+    groups = set.intersection(*({c for c, _, group in cats if group} for cats in found.values()))
+    if groups:
+        names = [name for c, name, _ in next(iter(found.values())) if c in groups]
+        log.info(f"{path}: categories {names} only group the others and have no box in any split: not classes")
+    found = {json: [(c, name) for c, name, _ in cats if c not in groups] for json, cats in found.items()}
     (first, categories), *others = found.items()
     ids = [c for c, _ in categories]
     for other, theirs in others:
@@ -268,5 +275,6 @@ def _with_classes(source, names, category_ids):
 
 
 def _json_of(sources):
-    """The original json a split is scored against: its one COCO json, if it is made of exactly one."""
-    return sources[0].json if len(sources) == 1 and isinstance(sources[0], CocoSplit) else None
+    """The original json a split is scored against, if it is made of exactly one: its CocoSplit, a path that also
+    knows which categories are classes (utils/coco.py ground_truth)."""
+    return sources[0] if len(sources) == 1 and isinstance(sources[0], CocoSplit) else None
