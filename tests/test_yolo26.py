@@ -134,11 +134,11 @@ def test_one_to_one_assignment_by_size_puts_each_object_on_one_level():
     boxes = [(0, 20, 20, 70, 70), (1, 100, 100, 190, 190), (2, 10, 10, 300, 300)]  # sizes 50, 90, 290 px
     picked = {}
     for levels in (None, strides):
-        _, (_, _, fg, index) = assign([boxes], size=320, topk=7, keep=1, levels=levels)
+        _, (_, _, fg, index) = assign([boxes], size=320, topk=7, keep=1, levels=levels, level_strides=8)
         picked[levels is None] = sorted((int(index[0, a]), int(strides[a])) for a in fg[0].nonzero().flatten())
     assert picked[False] == [(0, 8), (1, 16), (2, 32)] and picked[True] != picked[False]
     sides = torch.tensor([[[0.0, 0, 63.9, 63.9], [0, 0, 64, 64], [0, 0, 32, 128], [0, 0, 127, 127], [0, 0, 900, 900]]])
-    chosen = level_by_size(sides, torch.tensor([8.0, 16, 32]))  # one stride per box: each box's row has one True
+    chosen = level_by_size(sides, torch.tensor([8.0, 16, 32]), 8)  # one stride per box: each box's row has one True
     assert chosen.sum(-1).tolist() == [[1] * 5] and chosen.float().argmax(-1).tolist() == [[0, 1, 1, 1, 2]]
     coarser = level_by_size(sides, torch.tensor([8.0, 16, 32]), level_strides=4)  # -l4: under 32 px at stride 8
     assert coarser.float().argmax(-1).tolist() == [[1, 2, 2, 2, 2]]
@@ -158,7 +158,7 @@ def test_one_to_one_positive_nearest_the_centre_stays_as_the_predictions_change(
     for nearest in (True, False):
         for name, pred in (("plain", None), ("moved", moved[None])):
             _, (_, _, fg, index) = assign(
-                [boxes], 320, pred_boxes=pred, topk=7, keep=1, levels=strides, nearest=nearest
+                [boxes], 320, pred_boxes=pred, topk=7, keep=1, levels=strides, level_strides=8, nearest=nearest
             )
             picked[nearest, name] = sorted((int(index[0, a]), *anchors[a].tolist()) for a in fg[0].nonzero().flatten())
     assert picked[True, "plain"] == picked[True, "moved"] == [(0, 44.0, 44.0), (1, 152.0, 152.0)]  # 1 and 7 px off

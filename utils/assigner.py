@@ -48,7 +48,7 @@ class DualAssignment(NamedTuple):
 
 @torch.no_grad()
 def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask, topk=10, alpha=ALIGNMENT[0],
-                   beta=ALIGNMENT[1], tiny_box=TINY_SIDE, device=None, keep=None, levels=None, level_strides=8,
+                   beta=ALIGNMENT[1], tiny_box=TINY_SIDE, device=None, keep=None, levels=None, level_strides=0,
                    nearest=False):  # fmt: skip
     """
     pred_scores: (b, A, nc) probabilities;  pred_boxes: (b, A, 4) xyxy pixels;  anchors: (A, 2) pixels
@@ -58,8 +58,9 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
     device: where to compute ("cpu" for the OOM retry); results come back on pred_scores' device.
     keep: after the top-k and the one-box-per-anchor rule, each box keeps only its `keep` best anchors by alignment
           (YOLO26's one-to-one branch: topk 7, keep 1, one positive per object); None keeps all.
-    levels: (A,) each anchor's stride in pixels: given, a box's candidates are only the anchors of the one level
-            its size picks (level_by_size, with level_strides); None: every level's.
+    levels, level_strides: (A,) each anchor's stride in pixels, and a number of strides (DualAssignment's field):
+            both given, a box's candidates are only the anchors of the one level its size picks (level_by_size);
+            else every level's.
     nearest: with keep, each box's positives are the candidates nearest its centre (choose_positives).
     Returns target_boxes (b, A, 4), target_scores (b, A, nc), foreground mask (b, A) bool,
     and the index of the assigned box per anchor (b, A).
@@ -82,7 +83,7 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
     # Every (box, anchor) pair is computed, padding included, and masked with torch.where: a boolean-mask gather
     # of the valid pairs would make the host wait for the GPU (its size depends on the data).
     valid = candidates(anchors, gt_boxes, gt_mask, tiny_box)  # b, n, A
-    if levels is not None:
+    if levels is not None and level_strides:
         valid &= level_by_size(gt_boxes, levels.to(valid.device), level_strides)
 
     # Alignment metric; 0 outside the candidates.
@@ -138,7 +139,7 @@ def candidates(anchors, gt_boxes, gt_mask, tiny_box):
     return (inside > 1e-9) & gt_mask.bool()
 
 
-def level_by_size(gt_boxes, strides, level_strides=8):
+def level_by_size(gt_boxes, strides, level_strides):
     """(b, n, A) bool: the anchors of the one level at which each box is detected, by its size alone (sqrt(w * h)):
     the finest level it spans fewer than `level_strides` strides of (8: below 64 px at stride 8), one level coarser
     per doubling, the coarsest above.

@@ -223,8 +223,8 @@ class DetectionLoss:
         topk = topk or self.topk
         reg_max, pred_distri, pred_logits, pred_boxes, anchors, strides = self.predictions(maps)
         guide_logits, guide_boxes = (pred_logits, pred_boxes) if guide is None else self.predictions(guide)[2:4]
-        levels = strides.squeeze(-1) if level_strides else None
         alpha, beta = alignment
+        levels = strides.squeeze(-1)  # read only with level_strides
         settings = dict(
             topk=topk, keep=keep, levels=levels, level_strides=level_strides, nearest=nearest, alpha=alpha, beta=beta
         )
