@@ -115,6 +115,19 @@ def test_coco_json_refusals_name_the_json_and_the_annotation(sets, tmp_path, cap
     )
     first = [i for i in range(len(records)) if records.image_ids[i] == image["id"]][0]
     assert records.labels_of(first)[-1, 1:].tolist() == pytest.approx([0, 10 / h, 1, 30 / h])  # clipped: 0.5 px out
+    named = dict(  # image ids that are names (a VGG or VisDrone converter's): refused, not a traceback from numpy
+        original,
+        images=[dict(im, id=f"im{im['id']}") for im in original["images"]],
+        annotations=[dict(a, image_id=f"im{a['image_id']}") for a in original["annotations"]],
+    )
+    path.write_text(json.dumps(named))
+    with pytest.raises(DatasetError) as error:
+        load_verified(load_dataset_yaml(cfg)["val"], data["nc"], "val")
+    first = original["images"][0]
+    assert str(error.value) == (
+        f"{path}: image {first['file_name']!r} has id 'im{first['id']}', but COCO image ids are whole numbers; "
+        "renumber the images and their annotations' image_id"
+    )
     for change, said in [
         ({"image_id": 999}, f"{path}: annotation 7003 has image_id 999, which names no image"),
         ({"category_id": 5}, f"{path}: annotation 7003 has category_id 5, which is not one of its categories"),

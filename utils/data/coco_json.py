@@ -115,6 +115,12 @@ def split_items(split):
     does not have is refused (DatasetError naming the annotation id)."""
     data = read_json(split.json)
     class_of = {c: i for i, c in enumerate(split.category_ids)}
+    named = next((im for im in data["images"] if type(im.get("id")) is not int), None)
+    if named is not None:  # records keep ids as int64 (utils/data/records.py); the COCO format's are whole numbers
+        raise DatasetError(
+            f"{split.json}: image {named.get('file_name')!r} has id {named.get('id')!r}, but COCO image ids are "
+            "whole numbers; renumber the images and their annotations' image_id"
+        )
     images = {im["id"]: im for im in data["images"]}
     annotations = {image_id: [] for image_id in images}
     for a in data.get("annotations") or []:
