@@ -76,14 +76,17 @@ def test_voc_refusals_name_the_xml_and_the_object(sets, tmp_path, caplog):
     xml[stems[2]].write_text(voc_xml("x.jpg", w, h, [[0, 5, 5, 20, 20, False], [1, 5, 5, w + 9, 20, False]]))
     w3, h3 = cv2.imread(str(voc / "JPEGImages" / f"{stems[3]}.jpg")).shape[1::-1]
     xml[stems[3]].write_text(voc_xml("x.jpg", w3 + 1, h3, [[0, 5, 5, 20, 20, False]]))
+    entities = "".join(f'<!ENTITY e{k + 1} "{f"&e{k};" * 10}">' for k in range(9))  # a billion laughs: 10 ** 9 x
+    xml[stems[4]].write_text(f'<!DOCTYPE a [<!ENTITY e0 "ha">{entities}]><annotation><name>&e9;</name></annotation>')
     caplog.set_level(logging.INFO, logger="yolo")
     data = load_dataset_yaml(cfg)
     records = load_verified(data["val"], data["nc"], "val")
-    assert len(records) == len(stems) - 3
+    assert len(records) == len(stems) - 4
     said = "\n".join(problems(caplog))
     assert f"{xml[stems[0]]} has no <size> with a positive width and height" in said
     assert f"{xml[stems[2]]} object 2 ({NAMES[1]}): box (6, 6, {w + 9}, 20) is outside the {w}x{h} image" in said
     assert f"{xml[stems[3]]}: <size> says {w3 + 1}x{h3} but the image is {w3}x{h3}" in said
+    assert f"{xml[stems[4]]} is not valid XML (limit on input amplification factor" in said  # expat's own guard
     # a class the yaml's names leave out: that image is excluded, by name
     cfg.write_text(f"voc: voc\nnames: {NAMES[1:]}\n")
     data = load_dataset_yaml(cfg)
@@ -115,6 +118,9 @@ def test_coco_json_refusals_name_the_json_and_the_annotation(sets, tmp_path, cap
     )
     first = [i for i in range(len(records)) if records.image_ids[i] == image["id"]][0]
     assert records.labels_of(first)[-1, 1:].tolist() == pytest.approx([0, 10 / h, 1, 30 / h])  # clipped: 0.5 px out
+    path.write_text('{"images": ' + "[" * 100_000 + "]" * 100_000 + ', "categories": []}')  # crafted: no traceback
+    with pytest.raises(DatasetError, match="it nests lists or mappings thousands deep"):
+        load_dataset_yaml(cfg)
     named = dict(  # image ids that are names (a VGG or VisDrone converter's): refused, not a traceback from numpy
         original,
         images=[dict(im, id=f"im{im['id']}") for im in original["images"]],

@@ -75,6 +75,8 @@ def read_json(path):
             data = json.load(f)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DatasetError(f"{path} is not valid json ({e})") from None
+    except RecursionError:  # a crafted file: Python's json reader recurses once per nested bracket
+        raise DatasetError(f"{path} is not a COCO json: it nests lists or mappings thousands deep") from None
     if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in ("images", "categories")):
         raise DatasetError(f"{path} is not a COCO json: it needs the lists 'images', 'annotations' and 'categories'")
     return data
