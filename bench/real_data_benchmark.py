@@ -95,10 +95,6 @@ RUNS = {
     "ours-11n-d32-stable-o2m04": ("ours", [*RECIPE, "--model", "11n-d32-stable", "--o2m-final", "0.4"]),
     "ours-11n-d32-stable-o2m0": ("ours", [*RECIPE, "--model", "11n-d32-stable", "--o2m-final", "0"]),
     # twice the rate, for both: whether the NMS-free head gains more from it (it learns more slowly)
-    # probe (run with PROBE_CLS_LR=3): AdamW's class branches at 3x the rate, as MuSGD trains them for YOLO26
-    "ours-11n-clslr3": ("ours", [*RECIPE, "--model", "11n"]),
-    "ours-11n-d32-stable-clslr3": ("ours", [*RECIPE, "--model", "11n-d32-stable"]),
-    "ours-11n-d32-stable-clslr033": ("ours", [*RECIPE, "--model", "11n-d32-stable"]),  # PROBE_CLS_LR=0.33
     "ours-11n-lr4": ("ours", [*RECIPE, "--model", "11n", "--lr0", "0.004"]),
     "ours-11n-d32-level-lr4": ("ours", [*RECIPE, "--model", "11n-d32-level", "--lr0", "0.004"]),
     "ours-26n-joint-o2m08": ("ours", [*RECIPE, "--model", "26n-joint", "--o2m-final", "0.8"]),  # no ProgLoss decay

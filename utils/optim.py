@@ -1,7 +1,6 @@
 """Optimizer construction and the learning-rate schedule (a pure function of the iteration)."""
 
 import math
-import os
 
 import torch
 import torch.nn as nn
@@ -16,11 +15,10 @@ def build_optimizer(model, name, lr, momentum, weight_decay):
     (requires_grad=False) are left out: with weight decay on, a zero gradient still moves a
     parameter (pitfall T4). musgd, as Ultralytics builds it: the class branches' parameters in three more groups
     (first) whose rate is CLASS_LR_SCALE times the others' (their `lr_scale`, which set_learning_rate applies)."""
-    probe = float(os.environ.get("PROBE_CLS_LR", 0))  # probe: AdamW's class branches at this times the rate
-    split = name == "musgd" or probe > 0
+    split = name == "musgd"
     found = {}  # (kind, lr_scale): parameters
     for module_name, module in model.named_modules():
-        scale = (probe or CLASS_LR_SCALE) if split and f"{module_name}.".startswith(CLASS_BRANCHES) else 1.0
+        scale = CLASS_LR_SCALE if split and f"{module_name}.".startswith(CLASS_BRANCHES) else 1.0
         for pname, p in module.named_parameters(recurse=False):
             if not p.requires_grad:
                 continue
@@ -40,7 +38,7 @@ def build_optimizer(model, name, lr, momentum, weight_decay):
             "weight_decay": weight_decay if kind == "decay" else 0.0,
             "lr_scale": scale,
         }
-        for scale in ([probe or CLASS_LR_SCALE, 1.0] if split else [1.0])
+        for scale in ([CLASS_LR_SCALE, 1.0] if split else [1.0])
         for kind in ("bias", "no_decay", "decay")
     ]
     if name == "sgd":
