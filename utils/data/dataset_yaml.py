@@ -246,9 +246,9 @@ def _coco_names(cfg, path, sources):
     found = {s.json: coco_json.categories(s.json) for s in sources}
     groups = set.intersection(*({c for c, _, group in cats if group} for cats in found.values()))
     if groups:
-        names = [name for c, name, _ in next(iter(found.values())) if c in groups]
-        log.info(f"{path}: categories {names} only group the others and have no box in any split: not classes")
-    found = {json: [(c, name) for c, name, _ in cats if c not in groups] for json, cats in found.items()}
+        grouping = [name for c, name, _ in next(iter(found.values())) if c in groups]
+        log.info(f"{path}: categories {grouping} only group the others and have no box in any split: not classes")
+    found = {source: [(c, name) for c, name, _ in cats if c not in groups] for source, cats in found.items()}
     (first, categories), *others = found.items()
     ids = [c for c, _ in categories]
     for other, theirs in others:
