@@ -52,17 +52,55 @@ def add_label_tool_cases(truth):
     boxes += [[0, w - 12, 3, w + 0.5, 15, False], [1, -0.5, h - 20, 10, h - 4, False]]
 
 
+def yolo_rows(w, h, boxes):
+    return "".join(
+        f"{c} {(x1 + x2) / 2 / w:.10f} {(y1 + y2) / 2 / h:.10f} {(x2 - x1) / w:.10f} {(y2 - y1) / h:.10f}\n"
+        for c, x1, y1, x2, y2, ignored in boxes
+        if not ignored  # YOLO txt has no way to say "ignore"
+    )
+
+
 def write_yolo(root, truth):
     for (split, image), (w, h, boxes) in truth.items():
         (root / "images" / split).mkdir(parents=True, exist_ok=True)
         (root / "labels" / split).mkdir(parents=True, exist_ok=True)
         shutil.copy(image, root / "images" / split / image.name)
-        rows = [
-            f"{c} {(x1 + x2) / 2 / w:.10f} {(y1 + y2) / 2 / h:.10f} {(x2 - x1) / w:.10f} {(y2 - y1) / h:.10f}"
-            for c, x1, y1, x2, y2, ignored in boxes
-            if not ignored  # YOLO txt has no way to say "ignore"
-        ]
-        (root / "labels" / split / f"{image.stem}.txt").write_text("".join(r + "\n" for r in rows))
+        (root / "labels" / split / f"{image.stem}.txt").write_text(yolo_rows(w, h, boxes))
+
+
+def write_cvat_yolo(root, truth, prefix="data/", subsets=("train", "valid")):
+    """CVAT's "YOLO 1.1" export (Darknet's layout, as datumaro writes it): obj.data and obj.names, each subset's
+    images with their labels beside them in obj_<subset>_data/ and listed in <subset>.txt, every path written from
+    the folder Darknet runs in (`data/`, CVAT's default) or without it."""
+    subset_of = dict(zip(("train", "val"), subsets))
+    lists = {subset: [] for subset in subsets}
+    for (split, image), (w, h, boxes) in truth.items():
+        folder = root / f"obj_{subset_of[split]}_data"
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(image, folder / image.name)
+        (folder / f"{image.stem}.txt").write_text(yolo_rows(w, h, boxes))
+        lists[subset_of[split]].append(f"{prefix}{folder.name}/{image.name}\n")
+    for subset, lines in lists.items():
+        (root / f"{subset}.txt").write_text("".join(lines))
+    (root / "obj.names").write_text("".join(n + "\n" for n in NAMES))
+    (root / "obj.data").write_text(
+        f"classes = {len(NAMES)}\n"
+        + "".join(f"{subset} = {prefix}{subset}.txt\n" for subset in subsets)
+        + f"names = {prefix}obj.names\nbackup = backup/\n"
+    )
+
+
+def write_label_studio_yolo(root, truth):
+    """Label Studio's "YOLO with Images" export: one images/ and labels/ for the whole project (no splits), the class
+    names in classes.txt, notes.json beside; every file name prefixed with the upload's hash."""
+    for sub in ("images", "labels"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    for (_, image), (w, h, boxes) in truth.items():
+        shutil.copy(image, root / "images" / f"8f3a9c2e-{image.name}")
+        (root / "labels" / f"8f3a9c2e-{image.stem}.txt").write_text(yolo_rows(w, h, boxes))
+    (root / "classes.txt").write_text("".join(n + "\n" for n in NAMES))
+    notes = {"categories": [{"id": i, "name": n} for i, n in enumerate(NAMES)], "info": {"contributor": "Label Studio"}}
+    (root / "notes.json").write_text(json.dumps(notes))
 
 
 def voc_xml(name, w, h, boxes, size=True):
@@ -118,6 +156,7 @@ def sets(tmp_path_factory):
     write_yolo(root / "yolo", truth)
     write_voc(root / "voc", truth)
     write_coco(root / "coco", truth)
+    write_cvat_yolo(root / "cvat", truth)
     (root / "yolo.yaml").write_text(f"path: yolo\ntrain: images/train\nval: images/val\nnames: {NAMES}\n")
     (root / "voc.yaml").write_text("voc: voc  # a Pascal VOC folder: its ImageSets/Main/train.txt and val.txt\n")
     (root / "coco.yaml").write_text(

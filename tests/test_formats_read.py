@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import warm_python
 import yaml
-from format_sets import CATEGORY_IDS, NAMES, REPO, TINY, run, voc_xml
+from format_sets import CATEGORY_IDS, NAMES, REPO, TINY, run, voc_xml, write_cvat_yolo, write_label_studio_yolo
 from pycocotools.coco import COCO
 
 from utils.data.dataset_yaml import DatasetError, load_dataset_yaml
@@ -237,6 +237,51 @@ def test_other_spellings_read_the_same_records(sets, tmp_path):
         got = load_verified(data["val"], data["nc"], "val")
         assert data["names"] == NAMES and np.array_equal(got.labels, want.labels), name
         assert np.array_equal(got.ignored, want.ignored), name
+
+
+def by_name(records):
+    """{image file name without an upload's hash: its label rows}."""
+    rows = np.split(records.labels, records.label_offsets[1:-1])
+    return {Path(records.path(i)).name.split("-")[-1]: rows[i].tolist() for i in range(len(records))}
+
+
+def test_cvat_and_label_studio_yolo_exports_read_as_exported(sets, tmp_path):
+    """CVAT's "YOLO 1.1" export is given as it is (`--data export/obj.data`): Darknet's obj.data and obj.names, the
+    labels beside the images, its paths written from Darknet's data/ folder (CVAT's default) or not, and a task's
+    subsets under CVAT's names. Label Studio's YOLO export (one folder, classes.txt) needs `names: classes.txt`."""
+    root, truth = sets
+    want = {s: load_verified(load_dataset_yaml(root / "yolo.yaml")[s], len(NAMES), s) for s in ("train", "val")}
+    for prefix, subsets in (("data/", ("train", "valid")), ("", ("Train", "Validation"))):
+        export = tmp_path / f"cvat_{subsets[0]}"
+        write_cvat_yolo(export, truth, prefix, subsets)
+        data = load_dataset_yaml(export / "obj.data")
+        assert data["names"] == NAMES and data["test"] == [], subsets
+        for split in ("train", "val"):
+            assert by_name(load_verified(data[split], data["nc"], split)) == by_name(want[split]), subsets
+    write_label_studio_yolo(tmp_path / "ls", truth)
+    (tmp_path / "ls.yaml").write_text("path: ls\ntrain: images\nval: images\nnames: classes.txt\n")
+    data = load_dataset_yaml(tmp_path / "ls.yaml")
+    assert data["names"] == NAMES
+    assert by_name(load_verified(data["val"], data["nc"], "val")) == by_name(want["train"]) | by_name(want["val"])
+
+
+@pytest.mark.parametrize(
+    "obj_data, names, culprit",
+    [
+        ("train = train.txt\nnames = obj.names\n", "a\n", "names no val images (key 'valid'"),
+        ("train = train.txt\nvalid = train.txt\nnames obj.names\n", "a\n", "obj.data, line 3: expected 'key = value'"),
+        ("train = train.txt\nvalid = train.txt\n", "a\n", "has no 'names' line"),
+        ("train = train.txt\nvalid = train.txt\nnames = obj.names\n", "a\n\nb\n", "line 2 is blank"),
+        ("train = train.txt\nvalid = train.txt\nnames = gone.names\n", "a\n", "gone.names, which is not a file"),
+    ],
+)
+def test_a_wrong_obj_data_stops_with_one_sentence_naming_the_line_or_key(tmp_path, obj_data, names, culprit):
+    write_cvat_yolo(tmp_path, {})
+    (tmp_path / "obj.names").write_text(names)
+    (tmp_path / "obj.data").write_text(obj_data)
+    with pytest.raises(DatasetError) as info:
+        load_dataset_yaml(tmp_path / "obj.data")
+    assert culprit in str(info.value) and "\n" not in str(info.value)
 
 
 def test_only_a_category_that_groups_others_and_has_no_box_is_left_out(tmp_path):

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.usefixtures("user_cache_dir")  # the label caches in th
 
 
 def val_metrics(root, weights, fmt, out):
-    run(["val.py", "--weights", weights, "--data", root / f"{fmt}.yaml", "--save-json", "--out", out, "--workers", "0",
+    data = root / "cvat" / "obj.data" if fmt == "cvat" else root / f"{fmt}.yaml"  # CVAT's export as it is
+    run(["val.py", "--weights", weights, "--data", data, "--save-json", "--out", out, "--workers", "0",
          "--batch", "4", "--device", "cpu"])  # fmt: skip
     return json.loads((out / "metrics.json").read_text())
 
@@ -39,14 +40,16 @@ def pycocotools_by_hand(gt, predictions):
 
 
 def test_train_on_voc_and_coco_json_then_val_scores_each_as_pycocotools(sets, tmp_path):
-    """One epoch on the VOC and on the COCO json set; then the same best.pt scored by val.py against the three yamls:
-    the same numbers, and for COCO the numbers of pycocotools run by hand on the original json (original ids).
-    (One tiny epoch scores about 0: test_scoring_... below checks the same path with detections that score.)"""
+    """One epoch on the VOC and on the COCO json set; then the same best.pt scored by val.py against the three yamls
+    and CVAT's obj.data: the same numbers, and for COCO the numbers of pycocotools run by hand on the original json
+    (original ids). (One tiny epoch scores about 0: test_scoring_... below checks the same path with detections that
+    score.)"""
     root, truth = sets
     for fmt in ("voc", "coco"):
         run(["train.py", "--data", root / f"{fmt}.yaml", "--epochs", "1", "--out", tmp_path / fmt, *TINY])
     weights = tmp_path / "coco" / "weights" / "best.pt"
-    metrics = {fmt: val_metrics(root, weights, fmt, tmp_path / f"val_{fmt}") for fmt in ("yolo", "voc", "coco")}
+    formats = ("yolo", "voc", "coco", "cvat")
+    metrics = {fmt: val_metrics(root, weights, fmt, tmp_path / f"val_{fmt}") for fmt in formats}
     predictions = json.loads((tmp_path / "val_coco" / "predictions.json").read_text())
     original = json.loads((root / "coco" / "annotations" / "instances_val.json").read_text())
     assert predictions and {p["category_id"] for p in predictions} <= set(CATEGORY_IDS)
@@ -54,9 +57,9 @@ def test_train_on_voc_and_coco_json_then_val_scores_each_as_pycocotools(sets, tm
     by_hand = pycocotools_by_hand(original, predictions)  # the original json, as given
     assert (metrics["coco"]["mAP50-95"], metrics["coco"]["mAP50"]) == pytest.approx(by_hand, abs=1e-6)
     assert not (tmp_path / "val_coco" / "ground_truth.json").exists()  # scored against the original: nothing built
-    for fmt in ("yolo", "voc"):
+    for fmt in ("yolo", "voc", "cvat"):
         assert metrics[fmt]["mAP50-95"] == pytest.approx(metrics["coco"]["mAP50-95"], abs=1e-6), fmt
-    assert metrics["voc"]["instances"] == metrics["coco"]["instances"] == metrics["yolo"]["instances"]
+        assert metrics[fmt]["instances"] == metrics["coco"]["instances"], fmt
 
 
 def synthetic_detections(records, truth, seed=0):

@@ -10,8 +10,10 @@ from pathlib import Path
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".dng", ".mpo", ".pfm"}
 READER_VERSION = 1  # bump when voc.py or coco_json.py read boxes differently: their caches rebuild
 COORD_TOLERANCE = 0.01  # coordinates this far outside the image (a fraction of its size) are clipped; further: refused
+DARKNET_PREFIX = "data/"  # Darknet runs from the folder that holds a dataset as data/: its paths start so
 FORMATS_READ = (
-    "YOLO txt (an image folder or a .txt list of images, labels in the matching labels/ folder), "
+    "YOLO txt (an image folder or a .txt list of images, labels in the matching labels/ folder or beside the images; "
+    "or a Darknet / CVAT obj.data given as the dataset yaml), "
     "Pascal VOC (key 'voc: FOLDER', or an ImageSets/Main/*.txt inside a VOC folder) "
     "and COCO json (a split written as {images: FOLDER, json: FILE}, or the .json file alone)"
 )

@@ -1,7 +1,7 @@
 """The dataset yaml: the format YOLOv5 and Ultralytics users already have, read into the splits' sources,
-the class names and the settings it recommends. A split may also be a Pascal VOC folder (utils/data/voc.py) or a COCO
-json (utils/data/coco_json.py), read where they lie. Light on purpose (no cv2, no torch): utils/settings.py
-imports it, and starts without torch.
+the class names and the settings it recommends (or the same from a Darknet obj.data). A split may also be a Pascal
+VOC folder (utils/data/voc.py) or a COCO json (utils/data/coco_json.py), read where they lie. Light on purpose (no
+cv2, no torch): utils/settings.py imports it, and starts without torch.
 """
 
 import logging
@@ -11,7 +11,11 @@ from pathlib import Path
 import yaml
 
 from utils.data import coco_json, voc
-from utils.data.annotations import FORMATS_READ, DatasetError  # noqa: F401  DatasetError: imported from here too
+from utils.data.annotations import (
+    DARKNET_PREFIX,
+    FORMATS_READ,
+    DatasetError,  # noqa: F401  imported from here too
+)
 from utils.data.coco_json import CocoSplit
 from utils.data.voc import VocSplit
 
@@ -20,17 +24,20 @@ SPLITS = ("train", "val", "test")
 
 
 def load_dataset_yaml(path):
-    """Read a YOLOv5/Ultralytics dataset yaml. Returns a dict with `root`, `train`, `val`, `test`
-    (lists of resolved sources: folders or .txt lists; utils.data.voc.VocSplit or utils.data.coco_json.CocoSplit for
-    those formats), `names` (list), `nc`, `yaml`, `coco_json` (the original json val is scored against: a CocoSplit
-    or a path, or None), `coco_jsons` (the same for each split) and `defaults` (the train.py settings the yaml
-    recommends: utils.settings.apply_dataset_defaults). Keys we do not use (`download`, `roboflow`, ...) are ignored,
-    so a yaml copied from those repos works as is. The built-in shapes set is generated here on first use."""
+    """Read a YOLOv5/Ultralytics dataset yaml (or a Darknet obj.data: CVAT's YOLO 1.1 export). Returns a dict with
+    `root`, `train`, `val`, `test` (lists of resolved sources: folders or .txt lists; utils.data.voc.VocSplit or
+    utils.data.coco_json.CocoSplit for those formats), `names` (list), `nc`, `yaml`, `coco_json` (the original json
+    val is scored against: a CocoSplit or a path, or None), `coco_jsons` (the same for each split) and `defaults`
+    (the train.py settings the yaml recommends: utils.settings.apply_dataset_defaults). Keys we do not use
+    (`download`, `roboflow`, ...) are ignored, so a yaml copied from those repos works as is. The built-in shapes
+    set is generated here on first use."""
     path = Path(path)
     if not path.exists() and not path.is_absolute() and (Path(__file__).parents[1] / "data" / path).exists():
         path = Path(__file__).parents[1] / "data" / path  # `--data coco.yaml` finds data/coco.yaml
-    cfg = _read_yaml(path)
+    cfg = _read_darknet_data(path) if path.suffix == ".data" else _read_yaml(path)
     root = _dataset_root(cfg, path)
+    if isinstance(cfg.get("names"), str):
+        cfg["names"] = _names_file(cfg["names"], root, path)
     voc_root = _voc_root(cfg, root, path)
     out = {"root": root, "yaml": path, "coco_json": None, "defaults": cfg.get("defaults") or {}}
     for key in SPLITS:
@@ -77,6 +84,52 @@ def _read_yaml(path):
     return cfg
 
 
+def _read_darknet_data(path):
+    """A Darknet obj.data, as CVAT's "YOLO 1.1" export writes it: `key = value` lines naming the lists of the train
+    and valid images and the class names file (obj.names), read into the mapping a dataset yaml gives. CVAT names
+    them as Darknet runs (`train = data/train.txt`, from the folder holding the export as data/): a path found only
+    without that prefix is read so. A split's key is its CVAT subset name (Train, Validation, ...) or Darknet's."""
+    if not path.is_file():
+        raise DatasetError(f"dataset file {path} does not exist")
+    entries = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8-sig", errors="replace").splitlines(), 1):
+        line = line.split("#")[0].strip()
+        key, sep, value = line.partition("=")
+        if line and not (sep and key.strip() and value.strip()):
+            raise DatasetError(f"{path}, line {n}: expected 'key = value' (a Darknet obj.data), got {line!r}")
+        if line:
+            value = value.strip()
+            unprefixed = value.removeprefix(DARKNET_PREFIX)
+            found = (path.parent / unprefixed).exists() and not (path.parent / value).exists()
+            entries[key.strip().lower()] = unprefixed if found else value
+    cfg = {"path": str(path.parent.resolve()), "names": entries.get("names")}
+    for key, spellings in (("train", ("train",)), ("val", ("valid", "val", "validation")), ("test", ("test",))):
+        cfg[key] = next((entries[k] for k in spellings if k in entries), None)
+        if not cfg[key] and key != "test":
+            raise DatasetError(
+                f"{path} names no {key} images (key '{spellings[0]}': CVAT writes one per subset of the task, "
+                f"so give the task a {'Train' if key == 'train' else 'Validation'} subset, or add the line)"
+            )
+    if not cfg["names"]:
+        raise DatasetError(f"{path} has no 'names' line (the file of class names, one per line: obj.names)")
+    return cfg
+
+
+def _names_file(name, root, path):
+    """The class names a text file lists, one per line (Darknet's obj.names, the classes.txt of Label Studio's and
+    labelImg's YOLO exports); read from `path:`, else from the yaml's folder."""
+    file = next((f for f in (root / name, path.parent / name) if f.is_file()), root / name)
+    if not file.is_file():
+        raise DatasetError(f"{path}: key 'names' names {file}, which is not a file (a list or a text file of names)")
+    names = [line.strip() for line in file.read_text(encoding="utf-8-sig", errors="replace").splitlines()]
+    while names and not names[-1]:
+        names.pop()
+    if not names or "" in names:  # a blank line inside would shift every class after it
+        where = f"line {names.index('') + 1} is blank" if names else "it lists no class names"
+        raise DatasetError(f"{path}: key 'names' names {file}, but {where} (one class name per line)")
+    return names
+
+
 def _check_types(cfg, path):
     """The keys read as one type, checked before use: a number where a folder is named (`voc: 1`), a string for
     `nc`, or a setting that is not a name ended in a TypeError traceback or a misleading sentence (found by
@@ -111,7 +164,9 @@ def _class_names(cfg, path):
         if names is None and isinstance(cfg.get("nc"), int) and cfg["nc"] > 0:
             names = [f"class{i}" for i in range(cfg["nc"])]
         else:
-            raise DatasetError(f"{path}: key 'names' must be a non-empty list or a dict of class index to name")
+            raise DatasetError(
+                f"{path}: key 'names' must be a non-empty list, a dict of class index to name or a text file of names"
+            )
     names = [str(n) for n in names]
     if cfg.get("nc") is not None and cfg["nc"] != len(names):
         raise DatasetError(f"{path}: key 'nc' is {cfg['nc']} but key 'names' lists {len(names)} classes")

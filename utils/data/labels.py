@@ -23,6 +23,7 @@ from tqdm import tqdm
 from utils.data import coco_json, voc
 from utils.data.annotations import (
     COORD_TOLERANCE,
+    DARKNET_PREFIX,
     FORMATS_READ,
     IMAGE_SUFFIXES,
     READER_VERSION,
@@ -65,11 +66,7 @@ def list_images(sources):
                 p for p in glob.glob(str(src / "**" / "*"), recursive=True) if Path(p).suffix.lower() in IMAGE_SUFFIXES
             ]
         elif src.suffix == ".txt":
-            for line in src.read_text().splitlines():
-                line = line.strip()
-                if line:
-                    p = Path(line)
-                    files.append(str(p if p.is_absolute() else (src.parent / p)))
+            files += _listed_images(src)
         elif src.suffix.lower() in IMAGE_SUFFIXES:
             files.append(str(src))
         else:
@@ -77,6 +74,17 @@ def list_images(sources):
                 f"{src} is neither a folder, a .txt list nor an image; the formats read are {FORMATS_READ}"
             )
     return sorted(set(os.path.normpath(f) for f in files))
+
+
+def _listed_images(list_file):
+    """The image paths of a .txt list, one per line, relative to the list. Darknet lists name them from the folder
+    that holds the dataset as `data/` (CVAT's "YOLO 1.1" export: `data/obj_train_data/x.jpg` in the train.txt
+    beside obj_train_data/): when the first line exists only without that prefix, it is dropped from every line."""
+    lines = [line.strip() for line in list_file.read_text().splitlines() if line.strip()]
+    darknet = bool(lines) and lines[0].startswith(DARKNET_PREFIX) and not (list_file.parent / lines[0]).exists()
+    if darknet and (list_file.parent / lines[0][len(DARKNET_PREFIX) :]).exists():
+        lines = [line.removeprefix(DARKNET_PREFIX) for line in lines]
+    return [str(p if p.is_absolute() else list_file.parent / p) for p in map(Path, lines)]
 
 
 def label_path(image_path):
