@@ -120,7 +120,9 @@ def _names_file(name, root, path):
     labelImg's YOLO exports); read from `path:`, else from the yaml's folder."""
     file = next((f for f in (root / name, path.parent / name) if f.is_file()), root / name)
     if not file.is_file():
-        raise DatasetError(f"{path}: key 'names' names {file}, which is not a file (a list or a text file of names)")
+        raise DatasetError(
+            f"{path}: key 'names' names {_shown(file)}, which is not a file (a list or a text file of names)"
+        )
     names = [line.strip() for line in file.read_text(encoding="utf-8-sig", errors="replace").splitlines()]
     while names and not names[-1]:
         names.pop()
@@ -188,7 +190,7 @@ def _dataset_root(cfg, path):
         make_shapes(root, **{k: int(v) for k, v in settings.items() if k in ("n_train", "n_val", "seed", "size")})
     if not root.is_dir():
         raise DatasetError(
-            f"{path}: key 'path' names {root}, which does not exist (a relative path is read from the yaml's "
+            f"{path}: key 'path' names {_shown(root)}, which does not exist (a relative path is read from the yaml's "
             f"folder {path.parent.resolve()}, then from the working directory)"
         )
     return root
@@ -245,11 +247,17 @@ def _resolve(cfg, key, item, root, path):
     return p
 
 
+def _shown(path):
+    """A path as a message quotes it: in quotes when it holds a line break or another control character (found by
+    tests/test_hostile.py), so that the message stays one line."""
+    return str(path) if str(path).isprintable() else repr(str(path))
+
+
 def _missing(key, path, what):
     if key == "test":  # optional and often not downloaded (COCO test-dev): only val.py --task test needs it
-        log.warning(f"{path}: key 'test' names {what}, which does not exist; the test split is not available")
+        log.warning(f"{path}: key 'test' names {_shown(what)}, which does not exist; the test split is not available")
         return
-    raise DatasetError(f"{path}: key '{key}' names {what}, which does not exist")
+    raise DatasetError(f"{path}: key '{key}' names {_shown(what)}, which does not exist")
 
 
 def _coco_source(cfg, key, item, root, path):
@@ -264,7 +272,7 @@ def _coco_source(cfg, key, item, root, path):
         return None
     images = _resolve(cfg, key, item["images"], root, path) if item.get("images") else json_path.parent
     if images is not None and not images.is_dir():
-        raise DatasetError(f"{path}: key '{key}' names images {images}, which is not a folder")
+        raise DatasetError(f"{path}: key '{key}' names images {_shown(images)}, which is not a folder")
     return CocoSplit(images, json_path) if images is not None else None
 
 
@@ -274,7 +282,7 @@ def _voc_root(cfg, root, path):
         return None
     voc_root = _dataset_root({"path": cfg["voc"]}, path) if not cfg.get("path") else root / cfg["voc"]
     if not voc_root.is_dir():
-        raise DatasetError(f"{path}: key 'voc' names {voc_root}, which is not a folder")
+        raise DatasetError(f"{path}: key 'voc' names {_shown(voc_root)}, which is not a folder")
     return voc_root
 
 
