@@ -192,7 +192,11 @@ def test_roboflow_yolo_export_loads_as_downloaded(tmp_path):
         ("path: {root}\ntrain: images/train\nval: images/train\n", "'names'"),
         ("- just\n- a list\n", "mapping"),
         ("path: {root}\ntrain: [images/train\n", "not valid yaml"),
+        ('path: {root}\ntrain: images/train\nval: "\\n"\nnames: [a]\n', "names '"),  # a line break, quoted
+        ("path: {root}\ntrain: " + "a" * 5000 + "\nval: images/train\nnames: [a]\n", "cannot be read ("),
+        ("path: {root}\ntrain: images/train\nval: images/train\nnames: " + "a" * 5000 + "\n", "cannot be read ("),
     ],
+    ids=range(13),
 )
 def test_wrong_yaml_stops_with_one_sentence_naming_the_culprit(tmp_path, text, culprit):
     root = tmp_path / "set"
@@ -202,7 +206,7 @@ def test_wrong_yaml_stops_with_one_sentence_naming_the_culprit(tmp_path, text, c
     with pytest.raises(DatasetError) as info:
         load_dataset_yaml(cfg)
     message = str(info.value)
-    assert culprit in message and "\n" not in message
+    assert culprit in message and "\n" not in message and len(message) < 600
     with pytest.raises(DatasetError, match="does not exist"):
         load_dataset_yaml(tmp_path / "no_such.yaml")
 

@@ -32,8 +32,15 @@ def load_dataset_yaml(path):
     (`download`, `roboflow`, ...) are ignored, so a yaml copied from those repos works as is. The built-in shapes
     set is generated here on first use."""
     path = Path(path)
-    if not path.exists() and not path.is_absolute() and (Path(__file__).parents[1] / "data" / path).exists():
-        path = Path(__file__).parents[1] / "data" / path  # `--data coco.yaml` finds data/coco.yaml
+    try:
+        if not path.exists() and not path.is_absolute() and (Path(__file__).parents[1] / "data" / path).exists():
+            path = Path(__file__).parents[1] / "data" / path  # `--data coco.yaml` finds data/coco.yaml
+        return _read_dataset(path)
+    except OSError as e:  # a path the system refuses to look up (too long, a loop of links): was a traceback
+        raise DatasetError(f"{_shown(path)}: {_shown(e.filename)} cannot be read ({e.strerror})") from None
+
+
+def _read_dataset(path):
     cfg = _read_darknet_data(path) if path.suffix == ".data" else _read_yaml(path)
     root = _dataset_root(cfg, path)
     if isinstance(cfg.get("names"), str):
@@ -249,8 +256,9 @@ def _resolve(cfg, key, item, root, path):
 
 def _shown(path):
     """A path as a message quotes it: in quotes when it holds a line break or another control character (found by
-    tests/test_hostile.py), so that the message stays one line."""
-    return str(path) if str(path).isprintable() else repr(str(path))
+    tests/test_hostile.py), so that the message stays one line, and cut short past 200 characters."""
+    text = str(path) if len(str(path)) <= 200 else f"{str(path)[:200]}..."
+    return text if text.isprintable() else repr(text)
 
 
 def _missing(key, path, what):
