@@ -191,7 +191,7 @@ if args.batch < 1 or args.batch % world_size:
     sys.exit(f"--batch {args.batch} must be positive and divisible by the {world_size} processes, or -1 (measured)")
 batch = args.batch // world_size  # --batch is the total over all GPUs
 try:  # auto: adamw for short runs, sgd for long ones; lr0, nominal_batch 0: the optimizer's usual, or fine-tuning's
-    args.optimizer, args.lr0, args.nominal_batch = settings.resolve_optimizer(
+    args.optimizer, args.lr0, args.nominal_batch, args.warmup_bias_lr = settings.resolve_optimizer(
         args, math.ceil(len(train_records) / args.batch), sources, bool(init_ckpt) and not args.scratch_recipe
     )
 except ValueError as e:
@@ -210,7 +210,7 @@ seed_everything(args.seed + rank, args.deterministic)  # per-rank seeds; the dat
 cls_width = class_width(resume_ckpt or init_ckpt) if resume_ckpt or init_ckpt else 0
 model = YOLO(scale, nc, checkpoint_activations=args.checkpoint_activations, cls_width=cls_width, reg_max=reg_max)
 if init_ckpt:
-    log.info(f"{initialise_from(model, init_ckpt, init_path)}; lr0 {args.lr0} <- {sources.get('lr0', 'as given')}")
+    log.info(f"{initialise_from(model, init_ckpt, init_path)}; {settings.fine_tuning_choices(args, sources)}")
 for name, p in model.named_parameters():
     p.requires_grad_(not any(name.startswith(prefix) for prefix in args.freeze.split(",") if prefix))
 model.to(device, memory_format=torch.channels_last)  # oneDNN's and cuDNN's fastest layout (~12% per step on a CPU)

@@ -131,22 +131,33 @@ def resumed_batch(args, ckpt, world_size, batch_given):
 FINE_TUNE_LR0 = 0.00143
 
 
+def fine_tuning_choices(args, sources):
+    """What --weights chose in the recipe, for the line that names the file: `lr0 0.00143 <- fine-tuning: ...;
+    warmup_bias_lr 0.0 <- fine-tuning: ...`."""
+    return "; ".join(
+        f"{key} {getattr(args, key)} <- {sources.get(key, 'default')}" for key in ("lr0", "warmup_bias_lr")
+    )
+
+
 def warmup_length(warmup_epochs, batches_per_epoch):
     """The warmup's iterations: --warmup-epochs of batches, at least 100 (YOLOv5's and Ultralytics' floor); 0: none."""
     return max(round(warmup_epochs * batches_per_epoch), 100) if warmup_epochs > 0 else 0
 
 
 def resolve_optimizer(args, batches_per_epoch, sources, fine_tuning=False):
-    """(optimizer, lr0, nominal_batch) of --optimizer, --lr0 and --nominal-batch for a run of `batches_per_epoch`
-    batches per epoch; `sources` notes what was chosen. auto: Adam-style for short runs, SGD for long ones, as
-    Ultralytics' "auto"; it counts optimizer steps (batches of max(batch, nominal_batch)), this counts batches: SGD
-    from 4x shorter runs at batch 16 (unmeasured; see bench/RESULTS.md). nominal_batch 0: 64 images per step for SGD
-    and MuSGD (YOLOv5's and Ultralytics' value, with their rates), a step per batch for AdamW: its short runs on a
-    few hundred images have few steps to spare (BCCD from scratch, 20 epochs: 0.558 against 0.466 with 64).
-    fine_tuning (--weights, unless --scratch-recipe): AdamW's lr0 drops to FINE_TUNE_LR0 once the run outlasts its
-    warmup. Within the warmup the rate never reaches lr0, and the usual 0.002 did better there (BCCD, 5 epochs:
-    0.595 against 0.577); past it the lower rate did (10 epochs: 0.623 against 0.616, 5 seeds).
-    ValueError for an optimizer not offered."""
+    """(optimizer, lr0, nominal_batch, warmup_bias_lr) of --optimizer, --lr0, --nominal-batch and --warmup-bias-lr for a
+    run of `batches_per_epoch` batches per epoch; `sources` notes what was chosen. auto: Adam-style for short runs,
+    SGD for long ones, as Ultralytics' "auto"; it counts optimizer steps (batches of max(batch, nominal_batch)),
+    this counts batches: SGD from 4x shorter runs at batch 16 (unmeasured; see bench/RESULTS.md). nominal_batch 0:
+    64 images per step for SGD and MuSGD (YOLOv5's and Ultralytics' value, with their rates), a step per batch for
+    AdamW: its short runs on a few hundred images have few steps to spare (BCCD from scratch, 20 epochs: 0.558
+    against 0.466 with 64). fine_tuning (--weights, unless --scratch-recipe): AdamW's lr0 drops to FINE_TUNE_LR0
+    once the run outlasts its warmup. Within the warmup the rate never reaches lr0, and the usual 0.002 did better
+    there (BCCD, 5 epochs: 0.595 against 0.577); past it the lower rate did (10 epochs: 0.623 against 0.616, 5
+    seeds). Its biases are not warmed up from 0.1 unless --warmup-bias-lr is given: AdamW moves each parameter by
+    about the rate at every step, so 0.1 shifts the pretrained biases (batch norm's among them) far in a few steps
+    (BCCD from the shapes checkpoint, 5 epochs: 0.358 against 0.260, 3 seeds). ValueError for an optimizer not
+    offered."""
     optimizer, lr0, nominal_batch = args.optimizer, args.lr0, args.nominal_batch
     iterations = args.epochs * batches_per_epoch
     if optimizer == "auto":
@@ -168,4 +179,7 @@ def resolve_optimizer(args, batches_per_epoch, sources, fine_tuning=False):
     if not nominal_batch:
         nominal_batch = args.batch if optimizer == "adamw" else 64
         sources["nominal_batch"] = "adamw: a step per batch" if optimizer == "adamw" else f"{optimizer}'s usual"
-    return optimizer, lr0, nominal_batch
+    bias_lr = args.warmup_bias_lr
+    if fine_tuning and optimizer == "adamw" and "warmup_bias_lr" not in sources:
+        bias_lr, sources["warmup_bias_lr"] = 0.0, "fine-tuning: pretrained biases are not warmed up from a high rate"
+    return optimizer, lr0, nominal_batch, bias_lr
