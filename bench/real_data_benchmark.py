@@ -104,6 +104,7 @@ RUNS = {
     "ours-ft-scratch": ("ours", ["--model", "{weights}", "--scratch-recipe"]),  # a scratch run's: lr0 0.002
     "peer-ft": ("peer", ["--model", "{weights}", "pretrained=True"]),  # False would build the architecture only
     "peer-ft-same": ("peer", ["--model", "{weights}", "pretrained=True", *SAME]),
+    "ours-ft-same": ("ours", ["--model", "{weights}", "--lr0", "0.002"]),  # our fine-tuning recipe at the same rate
     # what a fine-tuning run could do differently: no warmup, an optimizer step per batch, a lower rate, a frozen
     # backbone, less mosaic
     "ours-ft-warmup0": ("ours", ["--model", "{weights}", "--warmup-epochs", "0"]),
@@ -120,6 +121,8 @@ RUNS = {
     "ours-ft-lr143": ("ours", ["--model", "{weights}", "--lr0", "0.00143"]),  # its rate alone
     "ours-ft-lr100": ("ours", ["--model", "{weights}", "--lr0", "0.001"]),  # lower still
     "ours-ft-bias0": ("ours", ["--model", "{weights}", "--warmup-bias-lr", "0"]),  # its bias warmup alone
+    # the fine-tuning default until 2026-11-28: biases warmed up from 0.1, as in a scratch run
+    "ours-ft-bias01": ("ours", ["--model", "{weights}", "--warmup-bias-lr", "0.1"]),
     # an EMA that averages a short run's last updates (the usual ramp to 0.9999 over 2000 updates keeps a 10-epoch
     # fine-tune's 62 to 130 updates almost unaveraged), and a milder scale jitter
     "ours-ft-ema90": ("ours", ["--model", "{weights}", "--ema-decay", "0.9", "--ema-tau", "5"]),
@@ -127,7 +130,7 @@ RUNS = {
     "ours-ft-scale25": ("ours", ["--model", "{weights}", "--scale", "0.25"]),
 }  # fmt: skip
 PAIRS = [("ours-n", "peer-v8n"), ("ours-11n", "peer-11n"), ("ours-n-defaults", "peer-v8n-defaults")]
-PAIRS += [("ours-11n-defaults", "peer-11n-defaults"), ("ours-ft", "peer-ft"), ("ours-ft", "peer-ft-same")]
+PAIRS += [("ours-11n-defaults", "peer-11n-defaults"), ("ours-ft", "peer-ft"), ("ours-ft-same", "peer-ft-same")]
 CONF, IOU, MAX_DET = 0.001, 0.7, 300  # Ultralytics' validator defaults; passed to val.py explicitly
 
 

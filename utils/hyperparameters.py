@@ -11,7 +11,8 @@ HYP = dict(
     momentum=0.937,  # SGD momentum / AdamW beta1
     weight_decay=5e-4,  # scaled by (batch * accumulate / nominal_batch)
     warmup_epochs=3.0,  # at least 100 iterations
-    warmup_momentum=0.8, warmup_bias_lr=0.1,  # biases start high and come down, with adamw too (RESULTS: ablation)
+    warmup_momentum=0.8,
+    warmup_bias_lr=0.1,  # biases start high and come down, with adamw too (RESULTS: ablation); fine-tuning adamw: 0
     nominal_batch=0,  # gradients are accumulated until a step has seen this many images; 0: 64, adamw one batch
     accumulate_warmup=1,  # accumulation ramps from 1 micro-batch to the full count over the warmup (0: off)
     clip_grad=10.0,  # max gradient norm
