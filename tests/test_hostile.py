@@ -323,6 +323,40 @@ def test_fuzzed_yaml_files_that_are_not_text_or_not_yaml_get_one_sentence(tmp_pa
     assert sum(outcomes.values()) >= 200
 
 
+OBJ_DATA_LINE = st.tuples(
+    st.sampled_from(["train", "valid", "Validation", "test", "names", "classes", "train", "names", "", "# x"]),
+    st.sampled_from([" = ", "=", " = ", " = ", ""]),  # mostly well-formed lines: deeper into the reader
+    st.sampled_from(["list.txt", "data/list.txt", "obj.names", "data/obj.names", "", "a" * 300, "x\x00y", "..", "/"]),
+).map("".join)
+
+
+def test_fuzzed_obj_data_files_load_or_get_one_sentence(tmp_path):
+    """Darknet / CVAT obj.data (utils/data/dataset_yaml.py): lines of keys, values and junk the reader meets, bytes."""
+    (tmp_path / "obj.names").write_text("a\n")
+    (tmp_path / "list.txt").write_text("")
+    outcomes = {}
+
+    @settings(max_examples=200, deadline=None, derandomize=True, database=None)
+    @given(
+        content=st.one_of(st.lists(OBJ_DATA_LINE, max_size=6).map("\n".join).map(str.encode), st.binary(max_size=64))
+    )
+    @example(content=b"train = data/list.txt\nvalid = data/list.txt\nnames = data/obj.names\n")  # CVAT's
+    @example(content=b"train = list.txt\nvalid = list.txt\nnames = " + b"a" * 5000)  # too long to look up
+    def fuzz(content):
+        path = tmp_path / "dätä obj.data"
+        path.write_bytes(content)
+        try:
+            outcome = f"loaded, {load_dataset_yaml(path)['nc']} class"
+        except DatasetError as e:
+            assert "\n" not in str(e) and str(path) in str(e), e
+            outcome = re.sub(r" \(.*|, got .*", "", str(e).replace(str(path), "<obj.data>"))
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+    fuzz()
+    print(f"fuzzed obj.data files: {sum(outcomes.values())} cases, by outcome: {outcomes}")
+    assert sum(outcomes.values()) >= 200 and "loaded, 1 class" in outcomes
+
+
 def test_train_with_names_shorter_than_the_classes_used_stops_with_one_sentence(tmp_path):
     folder = tmp_path / FOLDER
     make_dataset(folder)
