@@ -78,7 +78,7 @@ parser = argparse.ArgumentParser(
     allow_abbrev=False,
 )
 add = parser.add_argument
-add("--data", default="data/shapes.yaml", help="dataset yaml")
+add("--data", default="data/shapes.yaml", help="dataset yaml (or a Darknet / CVAT obj.data)")
 add("--model", default="n", help="YOLOv8 n..x, YOLO11 11n..11x, YOLO26 26n..26x, 26n-d32...; a .pt (ours, Ultralytics)")
 add("--weights", default="", help="initialise from this .pt, ours or Ultralytics' (tensors that match)")
 add("--scratch-recipe", action="store_true", help="with --weights: keep a scratch run's lr0 (docs/data.md)")
