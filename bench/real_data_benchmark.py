@@ -121,8 +121,9 @@ RUNS = {
     "ours-ft-lr143": ("ours", ["--model", "{weights}", "--lr0", "0.00143"]),  # its rate alone
     "ours-ft-lr100": ("ours", ["--model", "{weights}", "--lr0", "0.001"]),  # lower still
     "ours-ft-bias0": ("ours", ["--model", "{weights}", "--warmup-bias-lr", "0"]),  # its bias warmup alone
-    # the fine-tuning default until 2026-11-28: biases warmed up from 0.1, as in a scratch run
+    # the fine-tuning default until 2026-11-28: biases warmed up from 0.1, as in a scratch run; and from 0.01
     "ours-ft-bias01": ("ours", ["--model", "{weights}", "--warmup-bias-lr", "0.1"]),
+    "ours-ft-bias001": ("ours", ["--model", "{weights}", "--warmup-bias-lr", "0.01"]),
     # an EMA that averages a short run's last updates (the usual ramp to 0.9999 over 2000 updates keeps a 10-epoch
     # fine-tune's 62 to 130 updates almost unaveraged), and a milder scale jitter
     "ours-ft-ema90": ("ours", ["--model", "{weights}", "--ema-decay", "0.9", "--ema-tau", "5"]),
