@@ -129,11 +129,12 @@ def resumed_batch(args, ckpt, world_size, batch_given):
 
 # AdamW's rate for a fine-tuning run that outlasts its warmup (BCCD from a COCO-trained YOLOv8s: bench/RESULTS.md)
 FINE_TUNE_LR0 = 0.00143
+FINE_TUNE_BIAS_LR = 0.01  # where a fine-tuning AdamW run's bias warmup starts (a scratch run's: 0.1)
 
 
 def fine_tuning_choices(args, sources):
     """What --weights chose in the recipe, for the line that names the file: `lr0 0.00143 <- fine-tuning: ...;
-    warmup_bias_lr 0.0 <- fine-tuning: ...`."""
+    warmup_bias_lr 0.01 <- fine-tuning: ...`."""
     return "; ".join(
         f"{key} {getattr(args, key)} <- {sources.get(key, 'default')}" for key in ("lr0", "warmup_bias_lr")
     )
@@ -154,10 +155,10 @@ def resolve_optimizer(args, batches_per_epoch, sources, fine_tuning=False):
     against 0.466 with 64). fine_tuning (--weights, unless --scratch-recipe): AdamW's lr0 drops to FINE_TUNE_LR0
     once the run outlasts its warmup. Within the warmup the rate never reaches lr0, and the usual 0.002 did better
     there (BCCD, 5 epochs: 0.595 against 0.577); past it the lower rate did (10 epochs: 0.623 against 0.616, 5
-    seeds). Its biases are not warmed up from 0.1 unless --warmup-bias-lr is given: AdamW moves each parameter by
-    about the rate at every step, so 0.1 shifts the pretrained biases (batch norm's among them) far in a few steps
-    (BCCD from the shapes checkpoint, 5 epochs: 0.358 against 0.260, 3 seeds). ValueError for an optimizer not
-    offered."""
+    seeds). Its biases' warmup starts at FINE_TUNE_BIAS_LR, not 0.1, unless --warmup-bias-lr is given: AdamW moves
+    each parameter by about the rate at every step, so 0.1 shifts the pretrained biases (batch norm's among them)
+    far in a few steps (BCCD from the shapes checkpoint, 5 epochs: 0.373 against 0.260, 3 seeds). ValueError for an
+    optimizer not offered."""
     optimizer, lr0, nominal_batch = args.optimizer, args.lr0, args.nominal_batch
     iterations = args.epochs * batches_per_epoch
     if optimizer == "auto":
@@ -181,5 +182,8 @@ def resolve_optimizer(args, batches_per_epoch, sources, fine_tuning=False):
         sources["nominal_batch"] = "adamw: a step per batch" if optimizer == "adamw" else f"{optimizer}'s usual"
     bias_lr = args.warmup_bias_lr
     if fine_tuning and optimizer == "adamw" and "warmup_bias_lr" not in sources:
-        bias_lr, sources["warmup_bias_lr"] = 0.0, "fine-tuning: pretrained biases are not warmed up from a high rate"
+        bias_lr, scratch = FINE_TUNE_BIAS_LR, args.warmup_bias_lr
+        sources["warmup_bias_lr"] = (
+            f"fine-tuning: adamw moves a bias by about this rate a step (--scratch-recipe: {scratch})"
+        )
     return optimizer, lr0, nominal_batch, bias_lr
