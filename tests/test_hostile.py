@@ -298,6 +298,18 @@ def test_fuzzed_dataset_yamls_load_or_get_one_sentence(tmp_path, monkeypatch):
     assert sum(outcomes.values()) >= 500 and any(k.startswith("loaded") for k in outcomes)
 
 
+def count_load_outcome(path, content, outcomes):
+    """Write `content` to the dataset file `path` and count what loading it gives in `outcomes`: `loaded, N class`,
+    else its refusal, which must be one line naming the file (counted by kind: the file and the details left out)."""
+    path.write_bytes(content)
+    try:
+        outcome = f"loaded, {load_dataset_yaml(path)['nc']} class"
+    except DatasetError as e:
+        assert "\n" not in str(e) and str(path) in str(e), e
+        outcome = re.sub(r" \(.*|, got .*", "", str(e).replace(str(path), "<file>"))
+    outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+
 def test_fuzzed_yaml_files_that_are_not_text_or_not_yaml_get_one_sentence(tmp_path):
     outcomes = {}
 
@@ -308,15 +320,7 @@ def test_fuzzed_yaml_files_that_are_not_text_or_not_yaml_get_one_sentence(tmp_pa
     @example(content=b"\xef\xbb\xbftrain: [1]\nval: x\n")  # a byte-order mark
     @example(content=b'!!python/object/apply:os.system ["echo"]')
     def fuzz(content):
-        path = tmp_path / "dätä config.yaml"
-        path.write_bytes(content)
-        try:
-            load_dataset_yaml(path)
-            outcome = "loaded"
-        except DatasetError as e:
-            assert "\n" not in str(e) and str(path) in str(e), e
-            outcome = re.sub(r" \(.*", "", str(e).replace(str(path), "<yaml>"))
-        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        count_load_outcome(tmp_path / "dätä config.yaml", content, outcomes)
 
     fuzz()
     print(f"fuzzed yaml files: {sum(outcomes.values())} cases, by outcome: {outcomes}")
@@ -343,14 +347,7 @@ def test_fuzzed_obj_data_files_load_or_get_one_sentence(tmp_path):
     @example(content=b"train = data/list.txt\nvalid = data/list.txt\nnames = data/obj.names\n")  # CVAT's
     @example(content=b"train = list.txt\nvalid = list.txt\nnames = " + b"a" * 5000)  # too long to look up
     def fuzz(content):
-        path = tmp_path / "dätä obj.data"
-        path.write_bytes(content)
-        try:
-            outcome = f"loaded, {load_dataset_yaml(path)['nc']} class"
-        except DatasetError as e:
-            assert "\n" not in str(e) and str(path) in str(e), e
-            outcome = re.sub(r" \(.*|, got .*", "", str(e).replace(str(path), "<obj.data>"))
-        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        count_load_outcome(tmp_path / "dätä obj.data", content, outcomes)
 
     fuzz()
     print(f"fuzzed obj.data files: {sum(outcomes.values())} cases, by outcome: {outcomes}")
