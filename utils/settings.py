@@ -182,8 +182,8 @@ def resolve_optimizer(args, batches_per_epoch, sources, fine_tuning=False):
         sources["nominal_batch"] = "adamw: a step per batch" if optimizer == "adamw" else f"{optimizer}'s usual"
     bias_lr = args.warmup_bias_lr
     if fine_tuning and optimizer == "adamw" and "warmup_bias_lr" not in sources:
-        bias_lr, scratch = FINE_TUNE_BIAS_LR, args.warmup_bias_lr
+        bias_lr = FINE_TUNE_BIAS_LR
         sources["warmup_bias_lr"] = (
-            f"fine-tuning: adamw moves a bias by about this rate a step (--scratch-recipe: {scratch})"
+            f"fine-tuning: adamw moves a bias by about this rate a step (--scratch-recipe: {args.warmup_bias_lr})"
         )
     return optimizer, lr0, nominal_batch, bias_lr

@@ -19,6 +19,13 @@ FORMATS_READ = (
 )
 
 
+def without_darknet_prefix(folder, path):
+    """`path`, relative to `folder`, as Darknet's obj.data and image lists write it from the folder that holds the
+    dataset as data/ (CVAT's "YOLO 1.1" export): without that prefix where it exists only so, else as given."""
+    bare = path.removeprefix(DARKNET_PREFIX)
+    return bare if bare != path and not (folder / path).exists() and (folder / bare).exists() else path
+
+
 class DatasetError(ValueError):
     """A dataset yaml or folder that cannot be used; the message is one sentence naming the culprit."""
 

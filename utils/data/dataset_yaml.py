@@ -12,9 +12,9 @@ import yaml
 
 from utils.data import coco_json, voc
 from utils.data.annotations import (
-    DARKNET_PREFIX,
     FORMATS_READ,
     DatasetError,  # noqa: F401  imported from here too
+    without_darknet_prefix,
 )
 from utils.data.coco_json import CocoSplit
 from utils.data.voc import VocSplit
@@ -101,14 +101,12 @@ def _read_darknet_data(path):
     entries = {}
     for n, line in enumerate(path.read_text(encoding="utf-8-sig", errors="replace").splitlines(), 1):
         line = line.split("#")[0].strip()
+        if not line:
+            continue
         key, sep, value = line.partition("=")
-        if line and not (sep and key.strip() and value.strip()):
+        if not (sep and key.strip() and value.strip()):
             raise DatasetError(f"{path}, line {n}: expected 'key = value' (a Darknet obj.data), got {line!r}")
-        if line:
-            value = value.strip()
-            unprefixed = value.removeprefix(DARKNET_PREFIX)
-            found = (path.parent / unprefixed).exists() and not (path.parent / value).exists()
-            entries[key.strip().lower()] = unprefixed if found else value
+        entries[key.strip().lower()] = without_darknet_prefix(path.parent, value.strip())
     cfg = {"path": str(path.parent.resolve()), "names": entries.get("names")}
     for key, spellings in (("train", ("train",)), ("val", ("valid", "val", "validation")), ("test", ("test",))):
         cfg[key] = next((entries[k] for k in spellings if k in entries), None)
@@ -125,17 +123,17 @@ def _read_darknet_data(path):
 def _names_file(name, root, path):
     """The class names a text file lists, one per line (Darknet's obj.names, the classes.txt of Label Studio's and
     labelImg's YOLO exports); read from `path:`, else from the yaml's folder."""
-    file = next((f for f in (root / name, path.parent / name) if f.is_file()), root / name)
-    if not file.is_file():
+    file = next((f for f in (root / name, path.parent / name) if f.is_file()), None)
+    if file is None:
         raise DatasetError(
-            f"{path}: key 'names' names {_shown(file)}, which is not a file (a list or a text file of names)"
+            f"{path}: key 'names' names {_shown(root / name)}, which is not a file (a list or a text file of names)"
         )
     names = [line.strip() for line in file.read_text(encoding="utf-8-sig", errors="replace").splitlines()]
     while names and not names[-1]:
         names.pop()
     if not names or "" in names:  # a blank line inside would shift every class after it
         where = f"line {names.index('') + 1} is blank" if names else "it lists no class names"
-        raise DatasetError(f"{path}: key 'names' names {file}, but {where} (one class name per line)")
+        raise DatasetError(f"{path}: key 'names' names {_shown(file)}, but {where} (one class name per line)")
     return names
 
 

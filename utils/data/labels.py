@@ -30,6 +30,7 @@ from utils.data.annotations import (
     BadAnnotation,
     DatasetError,
     cache_dir,
+    without_darknet_prefix,
 )
 from utils.data.coco_json import CocoSplit
 from utils.data.images import MAX_PIXELS, BadImage, limit_pixels, usable_shape
@@ -81,8 +82,7 @@ def _listed_images(list_file):
     that holds the dataset as `data/` (CVAT's "YOLO 1.1" export: `data/obj_train_data/x.jpg` in the train.txt
     beside obj_train_data/): when the first line exists only without that prefix, it is dropped from every line."""
     lines = [line.strip() for line in list_file.read_text().splitlines() if line.strip()]
-    darknet = bool(lines) and lines[0].startswith(DARKNET_PREFIX) and not (list_file.parent / lines[0]).exists()
-    if darknet and (list_file.parent / lines[0][len(DARKNET_PREFIX) :]).exists():
+    if lines and without_darknet_prefix(list_file.parent, lines[0]) != lines[0]:
         lines = [line.removeprefix(DARKNET_PREFIX) for line in lines]
     return [str(p if p.is_absolute() else list_file.parent / p) for p in map(Path, lines)]
 
