@@ -104,7 +104,6 @@ RUNS = {
     "ours-ft-scratch": ("ours", ["--model", "{weights}", "--scratch-recipe"]),  # a scratch run's: lr0 0.002
     "peer-ft": ("peer", ["--model", "{weights}", "pretrained=True"]),  # False would build the architecture only
     "peer-ft-same": ("peer", ["--model", "{weights}", "pretrained=True", *SAME]),
-    "ours-ft-same": ("ours", ["--model", "{weights}", "--lr0", "0.002"]),  # our fine-tuning recipe at the same rate
     # what a fine-tuning run could do differently: no warmup, an optimizer step per batch, a lower rate, a frozen
     # backbone, less mosaic
     "ours-ft-warmup0": ("ours", ["--model", "{weights}", "--warmup-epochs", "0"]),
@@ -131,7 +130,7 @@ RUNS = {
     "ours-ft-scale25": ("ours", ["--model", "{weights}", "--scale", "0.25"]),
 }  # fmt: skip
 PAIRS = [("ours-n", "peer-v8n"), ("ours-11n", "peer-11n"), ("ours-n-defaults", "peer-v8n-defaults")]
-PAIRS += [("ours-11n-defaults", "peer-11n-defaults"), ("ours-ft", "peer-ft"), ("ours-ft-same", "peer-ft-same")]
+PAIRS += [("ours-11n-defaults", "peer-11n-defaults"), ("ours-ft", "peer-ft"), ("ours-ft", "peer-ft-same")]
 CONF, IOU, MAX_DET = 0.001, 0.7, 300  # Ultralytics' validator defaults; passed to val.py explicitly
 
 
