@@ -195,8 +195,11 @@ def test_roboflow_yolo_export_loads_as_downloaded(tmp_path):
         ('path: {root}\ntrain: images/train\nval: "\\n"\nnames: [a]\n', "names '"),  # a line break, quoted
         ("path: {root}\ntrain: " + "a" * 5000 + "\nval: images/train\nnames: [a]\n", "cannot be read ("),
         ("path: {root}\ntrain: images/train\nval: images/train\nnames: " + "a" * 5000 + "\n", "cannot be read ("),
+        ("path: {root}\ntrain: images/train\nval: 1.5\nnames: [a]\n", "'val' as a number is the fraction"),
+        ("path: {root}\ntrain: images/train\nval: 0.6\ntest: 0.5\nnames: [a]\n", "'val' and 'test' hold out all"),
+        ("path: {root}\ntrain: 0.5\nval: images/train\nnames: [a]\n", "key 'train' must be a folder"),
     ],
-    ids=range(13),
+    ids=range(16),
 )
 def test_wrong_yaml_stops_with_one_sentence_naming_the_culprit(tmp_path, text, culprit):
     root = tmp_path / "set"

@@ -265,6 +265,55 @@ def test_cvat_and_label_studio_yolo_exports_read_as_exported(sets, tmp_path):
     assert by_name(load_verified(data["val"], data["nc"], "val")) == by_name(want["train"]) | by_name(want["val"])
 
 
+def split_by_name(cfg):
+    data = load_dataset_yaml(cfg)
+    return {s: by_name(load_verified(data[s], data["nc"], s)) for s in ("train", "val", "test")}
+
+
+def test_val_and_test_as_fractions_hold_out_the_same_train_images_everywhere(sets, tmp_path):
+    """`val: 0.25` and `test: 0.25` (Label Studio's export has no split): parts of the train images, train the rest,
+    with the same images in a moved copy and after images are added; a too small part says so; a part of a COCO json
+    is scored against that json."""
+    root, truth = sets
+    data = load_dataset_yaml(root / "yolo.yaml")
+    everything = {k: v for s in ("train", "val") for k, v in by_name(load_verified(data[s], data["nc"], s)).items()}
+    write_label_studio_yolo(tmp_path / "ls", truth)
+    text = "path: {}\ntrain: images\nval: 0.25\ntest: 0.25\nnames: classes.txt\n"
+    (tmp_path / "ls.yaml").write_text(text.format("ls"))
+    parts = split_by_name(tmp_path / "ls.yaml")
+    assert all(parts.values()) and sum(map(len, parts.values())) == len(everything)
+    assert parts["train"] | parts["val"] | parts["test"] == everything  # every image once, with its boxes
+    shutil.copytree(tmp_path / "ls", tmp_path / "moved" / "copy")
+    (tmp_path / "moved" / "copy.yaml").write_text(text.format("copy"))
+    assert split_by_name(tmp_path / "moved" / "copy.yaml") == parts
+    image = next((tmp_path / "ls" / "images").iterdir())
+    for k in range(6):  # more images: those there stay where they were
+        shutil.copy(image, image.with_name(f"added{k}.jpg"))
+        shutil.copy(tmp_path / "ls" / "labels" / f"{image.stem}.txt", tmp_path / "ls" / "labels" / f"added{k}.txt")
+    grown = split_by_name(tmp_path / "ls.yaml")
+    assert {s: {n: r for n, r in grown[s].items() if not n.startswith("added")} for s in grown} == parts
+    assert sum(map(len, grown.values())) == len(everything) + 6
+
+    (tmp_path / "tiny.yaml").write_text("path: ls\ntrain: images\nval: 0.000001\nnames: classes.txt\n")
+    with pytest.raises(
+        DatasetError, match=r"tiny.yaml: `val: 1e-06` leaves val none of the \d+ train images; give a la"
+    ):
+        load_verified(load_dataset_yaml(tmp_path / "tiny.yaml")["val"], len(NAMES), "val")
+
+    from utils.coco import ground_truth
+
+    cfg = tmp_path / "coco.yaml"
+    cfg.write_text(
+        f"path: {root / 'coco'}\ntrain: {{images: images/train, json: annotations/instances_train.json}}\nval: 0.3\n"
+    )
+    data = load_dataset_yaml(cfg)
+    train, val = (load_verified(data[s], data["nc"], s) for s in ("train", "val"))
+    assert len(val) and not set(train.image_ids) & set(val.image_ids)
+    gt, ids, category_ids = ground_truth(val, data["names"], data["coco_jsons"]["val"])
+    assert data["coco_jsons"]["val"].json.name == "instances_train.json" and category_ids == list(CATEGORY_IDS)
+    assert sorted(im["id"] for im in gt["images"]) == sorted(val.image_ids) == sorted(ids)
+
+
 @pytest.mark.parametrize(
     "obj_data, names, culprit",
     [

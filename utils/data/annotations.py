@@ -3,8 +3,10 @@ COCO json (utils/data/coco_json.py). The errors a dataset raises, the rule every
 go. Light on purpose (no cv2, no numpy): utils/data/dataset_yaml.py imports it, and starts without torch.
 """
 
+import hashlib
 import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".dng", ".mpo", ".pfm"}
@@ -28,6 +30,46 @@ def without_darknet_prefix(folder, path):
 
 class DatasetError(ValueError):
     """A dataset yaml or folder that cannot be used; the message is one sentence naming the culprit."""
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """A part of the train split's images, for a dataset yaml that gives val (or test) as a fraction of them
+    (`val: 0.2`): a labelling tool's export with no split of its own (Label Studio's). An image belongs to a held-out
+    split when the hash of its file name falls in [start, end) (file_fraction), so the same images are held out in
+    every run and on every machine, an image added later leaves the others where they were, and nothing is written
+    beside the data. key "train" is the rest: every image that no held-out split takes."""
+
+    key: str  # the split this part is: "train", "val" or "test"
+    sources: tuple  # the train split's sources, as the yaml names them
+    start: float
+    end: float
+    spec: str  # the yaml's words for every held-out split, for messages: "val: 0.2"
+    yaml: str = field(default="", compare=False, repr=False)  # the dataset yaml, for messages
+
+    def __fspath__(self):  # where it came from: error messages and the label cache's name use it
+        return str(self)
+
+    def __str__(self):
+        part = "the rest" if self.key == "train" else f"{self.key}, the part held out"
+        return f"{', '.join(map(str, self.sources))} ({part} by `{self.spec}`)"
+
+    def pick(self, entries, image=str):
+        """The entries (image paths, or the items of a VOC or COCO json split: `image` gives the path) of this part.
+        DatasetError when none is left: a fraction too small for a small set."""
+        inside = [self.start <= file_fraction(image(e)) < self.end for e in entries]
+        kept = [e for e, i in zip(entries, inside) if i != (self.key == "train")]
+        if entries and not kept:
+            raise DatasetError(
+                f"{self.yaml}: `{self.spec}` leaves {self.key} none of the {len(entries)} train images; give "
+                f"{'a smaller' if self.key == 'train' else 'a larger'} fraction, or name the {self.key} images"
+            )
+        return kept
+
+
+def file_fraction(image):
+    """A number in [0, 1) that an image's file name alone decides (not its folder: a moved dataset splits alike)."""
+    return int.from_bytes(hashlib.sha256(Path(image).name.encode()).digest()[:8], "big") / 2**64
 
 
 class BadAnnotation(ValueError):

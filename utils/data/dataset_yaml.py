@@ -14,6 +14,7 @@ from utils.data import coco_json, voc
 from utils.data.annotations import (
     FORMATS_READ,
     DatasetError,  # noqa: F401  imported from here too
+    HeldOut,
     without_darknet_prefix,
 )
 from utils.data.coco_json import CocoSplit
@@ -46,13 +47,16 @@ def _read_dataset(path):
     if isinstance(cfg.get("names"), str):
         cfg["names"] = _names_file(cfg["names"], root, path)
     voc_root = _voc_root(cfg, root, path)
+    fractions = _held_out_fractions(cfg, path)
     out = {"root": root, "yaml": path, "coco_json": None, "defaults": cfg.get("defaults") or {}}
     for key in SPLITS:
-        out[key] = _split_sources(cfg, key, root, path, voc_root)
+        out[key] = [] if key in fractions else _split_sources(cfg, key, root, path, voc_root)
     names, category_ids = _names_of(cfg, path, [s for key in SPLITS for s in out[key]])
     out.update(names=names, nc=len(names))
     for key in SPLITS:  # the sources that read class names themselves learn the class order
         out[key] = [_with_classes(s, names, category_ids) for s in out[key]]
+    if fractions:
+        _hold_out(out, fractions, path)
     out["coco_jsons"] = {key: _json_of(out[key]) for key in SPLITS}
     out["coco_json"] = out["coco_jsons"]["val"]
     if cfg.get("coco_json"):
@@ -86,7 +90,8 @@ def _read_yaml(path):
     for key in ("train", "val"):
         if not cfg.get(key) and not cfg.get("voc"):  # a VOC folder has its own ImageSets/Main/train.txt and val.txt
             raise DatasetError(
-                f"{path}: key '{key}' is missing (it names the {key} images: a folder, a .txt list, or a list of these)"
+                f"{path}: key '{key}' is missing (it names the {key} images: a folder, a .txt list, or a list of these"
+                + (", or a fraction of the train images to hold out: val: 0.2)" if key == "val" else ")")
             )
     return cfg
 
@@ -135,6 +140,34 @@ def _names_file(name, root, path):
         where = f"line {names.index('') + 1} is blank" if names else "it lists no class names"
         raise DatasetError(f"{path}: key 'names' names {_shown(file)}, but {where} (one class name per line)")
     return names
+
+
+def _held_out_fractions(cfg, path):
+    """{split: fraction} for `val: 0.2` and `test: 0.1`, the parts of the train images they hold out."""
+    fractions = {}
+    for key in ("val", "test"):
+        value = cfg.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not 0 < value < 1:
+                raise DatasetError(
+                    f"{path}: key '{key}' as a number is the fraction of the train images it holds out, between 0 and "
+                    f"1, got {value!r}"
+                )
+            fractions[key] = float(value)
+    if sum(fractions.values()) >= 1:
+        raise DatasetError(f"{path}: keys 'val' and 'test' hold out all the train images together; nothing is left")
+    return fractions
+
+
+def _hold_out(out, fractions, path):
+    """Splits given as fractions of train (`val: 0.2`) become HeldOut parts of its images, and train the rest: val
+    takes the images whose file name hashes into [0, 0.2), test the next fraction."""
+    spec, start = ", ".join(f"{key}: {f:g}" for key, f in fractions.items()), 0.0
+    for key, fraction in fractions.items():
+        out[key] = [HeldOut(key, tuple(out["train"]), start, start + fraction, spec, str(path))]
+        start += fraction
+    out["train"] = [HeldOut("train", tuple(out["train"]), 0.0, start, spec, str(path))]
+    log.info(f"{path}: {spec} of the train images, chosen by a hash of each file name (the same ones in every run)")
 
 
 def _check_types(cfg, path):
@@ -218,8 +251,9 @@ def _split_sources(cfg, key, root, path, voc_root=None):
             source = _coco_source(cfg, key, item, root, path)
         elif not isinstance(item, str):
             raise DatasetError(
-                f"{path}: key '{key}' must be a folder, a .txt list, a {{images, json}} mapping or a list of these, "
-                f"got {item!r}"
+                f"{path}: key '{key}' must be a folder, a .txt list, a {{images, json}} mapping or a list of these"
+                + (", or for val and test a fraction of the train images (val: 0.2)" if key != "train" else "")
+                + f", got {item!r}"
             )
         elif voc_root is not None:
             source = voc.voc_source(voc_root, item)
@@ -345,5 +379,8 @@ def _with_classes(source, names, category_ids):
 
 def _json_of(sources):
     """The original json a split is scored against, if it is made of exactly one: its CocoSplit, a path that also
-    knows which categories are classes (utils/coco.py ground_truth)."""
+    knows which categories are classes (utils/coco.py ground_truth). A part held out of one json is scored against
+    that json: ground_truth keeps the images that were predicted."""
+    if len(sources) == 1 and isinstance(sources[0], HeldOut):
+        sources = sources[0].sources
     return sources[0] if len(sources) == 1 and isinstance(sources[0], CocoSplit) else None

@@ -29,6 +29,7 @@ from utils.data.annotations import (
     READER_VERSION,
     BadAnnotation,
     DatasetError,
+    HeldOut,
     cache_dir,
     without_darknet_prefix,
 )
@@ -58,6 +59,9 @@ def list_images(sources):
     for src in sources:
         if isinstance(src, (VocSplit, CocoSplit)):
             files += [item.image for item in annotated_items([src])]
+            continue
+        if isinstance(src, HeldOut):
+            files += src.pick(list_images(src.sources))
             continue
         src = Path(src)
         if not src.exists():
@@ -238,6 +242,9 @@ def cache_locations(sources, image_files):
 def annotated_items(sources):
     """The utils.data.voc.VocItem / utils.data.coco_json.CocoItem of every image of a VOC or COCO json split, sorted by
     image path (as list_images sorts a YOLO split); None for a YOLO split."""
+    if len(sources) == 1 and isinstance(sources[0], HeldOut):
+        items = annotated_items(sources[0].sources)
+        return None if items is None else sources[0].pick(items, image=lambda item: item.image)
     kinds = {type(s) for s in sources}
     if not kinds & {VocSplit, CocoSplit}:
         return None
@@ -262,7 +269,8 @@ def annotated_fingerprint(sources, items):
 
 def annotated_cache_locations(sources):
     """cache_locations for a VOC or COCO json split: our cache folder only (never the dataset's folders)."""
-    kind = "voc" if isinstance(sources[0], VocSplit) else "coco"
+    first = sources[0].sources[0] if isinstance(sources[0], HeldOut) else sources[0]
+    kind = "voc" if isinstance(first, VocSplit) else "coco"
     digest = hashlib.sha256("\n".join(str(Path(s).resolve()) for s in sources).encode()).hexdigest()[:16]
     return [(cache_dir() / f"{kind}.{digest}.cache.npz", cache_dir() / f"{kind}.{digest}.verify.log")]
 
