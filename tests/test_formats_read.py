@@ -286,6 +286,10 @@ def test_val_and_test_as_fractions_hold_out_the_same_train_images_everywhere(set
     shutil.copytree(tmp_path / "ls", tmp_path / "moved" / "copy")
     (tmp_path / "moved" / "copy.yaml").write_text(text.format("copy"))
     assert split_by_name(tmp_path / "moved" / "copy.yaml") == parts
+    (tmp_path / "ls" / "obj.data").write_text("train = train.txt\nvalid = 0.25\ntest = 0.25\nnames = classes.txt\n")
+    listed = "".join(f"images/{p.name}\n" for p in (tmp_path / "ls/images").iterdir())
+    (tmp_path / "ls" / "train.txt").write_text(listed)
+    assert split_by_name(tmp_path / "ls" / "obj.data") == parts  # the same in a Darknet obj.data
     image = next((tmp_path / "ls" / "images").iterdir())
     for k in range(6):  # more images: those there stay where they were
         shutil.copy(image, image.with_name(f"added{k}.jpg"))

@@ -118,8 +118,13 @@ def _read_darknet_data(path):
         if not cfg[key] and key != "test":
             raise DatasetError(
                 f"{path} names no {key} images (key '{spellings[0]}': CVAT writes one per subset of the task, "
-                f"so give the task a {'Train' if key == 'train' else 'Validation'} subset, or add the line)"
+                f"so give the task a {'Train' if key == 'train' else 'Validation'} subset, or add the line"
+                + (", e.g. 'valid = 0.2' to hold out a fifth of the train images)" if key == "val" else ")")
             )
+        try:  # `valid = 0.2`: a fraction of the train images, as `val: 0.2` in a yaml
+            cfg[key] = float(cfg[key]) if key != "train" and cfg[key] else cfg[key]
+        except ValueError:
+            pass
     if not cfg["names"]:
         raise DatasetError(f"{path} has no 'names' line (the file of class names, one per line: obj.names)")
     return cfg
