@@ -267,7 +267,7 @@ def test_cvat_and_label_studio_yolo_exports_read_as_exported(sets, tmp_path):
 
 def split_by_name(cfg):
     data = load_dataset_yaml(cfg)
-    return {s: by_name(load_verified(data[s], data["nc"], s)) for s in ("train", "val", "test")}
+    return {s: by_name(load_verified(data[s], data["nc"], s)) if data[s] else {} for s in ("train", "val", "test")}
 
 
 def test_val_and_test_as_fractions_hold_out_the_same_train_images_everywhere(sets, tmp_path):
@@ -316,6 +316,18 @@ def test_val_and_test_as_fractions_hold_out_the_same_train_images_everywhere(set
     gt, ids, category_ids = ground_truth(val, data["names"], data["coco_jsons"]["val"])
     assert data["coco_jsons"]["val"].json.name == "instances_train.json" and category_ids == list(CATEGORY_IDS)
     assert sorted(im["id"] for im in gt["images"]) == sorted(val.image_ids) == sorted(ids)
+
+
+def test_a_voc_folder_without_image_sets_holds_out_val_too(sets, tmp_path):
+    """Label Studio's VOC export: images/ beside Annotations/, no ImageSets; `train: images` and `val: 0.3`."""
+    root, _ = sets
+    shutil.copytree(root / "voc" / "JPEGImages", tmp_path / "export" / "images")
+    shutil.copytree(root / "voc" / "Annotations", tmp_path / "export" / "Annotations")
+    (tmp_path / "v.yaml").write_text("voc: export\ntrain: images\nval: 0.3\n")
+    parts = split_by_name(tmp_path / "v.yaml")
+    whole = {k: v for s in ("train", "val") for k, v in split_by_name(root / "voc.yaml")[s].items()}
+    assert parts["train"] and parts["val"] and not parts["test"]
+    assert parts["train"] | parts["val"] == whole and len(parts["train"]) + len(parts["val"]) == len(whole)
 
 
 @pytest.mark.parametrize(
