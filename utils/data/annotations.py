@@ -37,8 +37,8 @@ class HeldOut:
     """A part of the train split's images, for a dataset yaml that gives val (or test) as a fraction of them
     (`val: 0.2`): a labelling tool's export with no split of its own (Label Studio's). An image belongs to a held-out
     split when the hash of its file name falls in [start, end) (file_fraction), so the same images are held out in
-    every run and on every machine, an image added later leaves the others where they were, and nothing is written
-    beside the data. key "train" is the rest: every image that no held-out split takes."""
+    every run and on every machine, an image added later leaves the others where they were, and no list of the split
+    is written. key "train" is the rest: every image that no held-out split takes."""
 
     key: str  # the split this part is: "train", "val" or "test"
     sources: tuple  # the train split's sources, as the yaml names them
