@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from data_helpers import rect_dataset, write_image, write_labels
 
+from utils.data import dataset_yaml
 from utils.data import labels as L
 from utils.data.dataset_yaml import DatasetError, load_dataset_yaml
 from utils.data.shapes import make_shapes
@@ -125,7 +126,7 @@ def ultralytics_voc_yaml():
     return voc
 
 
-def test_ultralytics_yamls_load_unchanged(tmp_path, log_lines):
+def test_ultralytics_yamls_load_unchanged(tmp_path, log_lines, monkeypatch):
     """data/coco.yaml and data/coco128.yaml (Ultralytics' format, `path: ../datasets/...`, names as a
     dict, a `download:` entry) and a VOC-style yaml (lists of folders) load without an edit."""
     repo = tmp_path / "repo"
@@ -148,6 +149,11 @@ def test_ultralytics_yamls_load_unchanged(tmp_path, log_lines):
     assert data["nc"] == 80 and data["train"] == data["val"] == [
         repo.resolve() / "datasets" / "coco128" / "images" / "train2017"
     ]
+    # `--data coco128.yaml` (and train.py's default, data/shapes.yaml) from any folder: the repo's data/ yaml
+    monkeypatch.setattr(dataset_yaml, "REPO", repo)
+    monkeypatch.chdir(tmp_path)
+    for given in ("coco128.yaml", "data/coco128.yaml"):
+        assert load_dataset_yaml(given)["train"] == data["train"], given
 
     voc = ultralytics_voc_yaml()
     (repo / "data" / "VOC.yaml").write_text(voc)

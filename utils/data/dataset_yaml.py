@@ -22,6 +22,7 @@ from utils.data.voc import VocSplit
 
 log = logging.getLogger("yolo")
 SPLITS = ("train", "val", "test")
+REPO = Path(__file__).resolve().parents[2]  # its data/ holds coco.yaml and the built-in shapes.yaml
 
 
 def load_dataset_yaml(path):
@@ -34,8 +35,9 @@ def load_dataset_yaml(path):
     set is generated here on first use."""
     path = Path(path)
     try:
-        if not path.exists() and not path.is_absolute() and (Path(__file__).parents[1] / "data" / path).exists():
-            path = Path(__file__).parents[1] / "data" / path  # `--data coco.yaml` finds data/coco.yaml
+        if not path.exists() and not path.is_absolute():
+            # `--data coco.yaml` finds data/coco.yaml, and train.py's default data/shapes.yaml is found from any folder
+            path = next((p for p in (REPO / "data" / path, REPO / path) if p.exists()), path)
         return _read_dataset(path)
     except OSError as e:  # a path the system refuses to look up (too long, a loop of links): was a traceback
         raise DatasetError(f"{_shown(path)}: {_shown(e.filename)} cannot be read ({e.strerror})") from None
