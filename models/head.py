@@ -95,6 +95,8 @@ class Detect(nn.Module):
             if one2one_reg_max:
                 hidden = max(16, channels[0] // 4, one2one_reg_max * 4)
                 self.one2one_box = nn.ModuleList(branch(c, hidden, 4 * one2one_reg_max, False) for c in channels)
+            if os.environ.get("PROBE_SHARE_BOX") == "1":  # probe: one box branch, trained by both heads' losses
+                self.one2one_box = self.box
             for level in self.one2one_cls if one2one_peak else []:
                 level[-1] = PeakConv(cls_hidden, nc)
         bins = max(reg_max, one2one_reg_max)
