@@ -3,7 +3,6 @@ boxes in input pixels and class scores; YOLO26's one-to-one copy of both branche
 
 import copy
 import math
-import os
 
 import torch
 import torch.nn as nn
@@ -95,8 +94,6 @@ class Detect(nn.Module):
             if one2one_reg_max:
                 hidden = max(16, channels[0] // 4, one2one_reg_max * 4)
                 self.one2one_box = nn.ModuleList(branch(c, hidden, 4 * one2one_reg_max, False) for c in channels)
-            if os.environ.get("PROBE_SHARE_BOX") == "1":  # probe: one box branch, trained by both heads' losses
-                self.one2one_box = self.box
             for level in self.one2one_cls if one2one_peak else []:
                 level[-1] = PeakConv(cls_hidden, nc)
         bins = max(reg_max, one2one_reg_max)
@@ -119,9 +116,6 @@ class Detect(nn.Module):
         maps = self.branch(feats, self.box, self.cls) if both or not self.end2end else None
         if self.one_to_one:
             o2o_feats = [x.detach() for x in feats] if self.training and self.detach_one2one else feats
-            grad = float(os.environ.get("PROBE_O2O_GRAD", "1"))  # probe: the share of its gradient the network gets
-            if self.training and not self.detach_one2one and grad < 1:
-                o2o_feats = [x.detach() + grad * (x - x.detach()) for x in feats]
             one2one = self.branch(o2o_feats, self.one2one_box, self.one2one_cls) if both or self.end2end else None
             maps = {"one2many": maps, "one2one": one2one}
         if self.training:

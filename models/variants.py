@@ -52,8 +52,6 @@ VARIANTS = {
     # 11n-stable's exported head (16 wide, no DFL) trained beside 11n's whole one-to-many head (64-wide DFL box
     # branch), which runs only in training and for --nms (26n-aux's idea): 0.572 against 11n-stable's 0.580 at seed 0
     "11n-aux-stable": Variant("11n", bins=16, box_width=64, joint=True, one2one_bins=1, assignment=STABLE),
-    # probe: 11n's 64-wide DFL box branch with depthwise 3x3 convs (26n-dw's), at about 11n-stable's time
-    "11n-dw-stable": Variant("11n", bins=16, box_width=64, depthwise_box=True, joint=True, assignment=STABLE),
     # 11n-d32-stable whose one-to-one positive lies on the finest level the object spans fewer than 4 strides of, not 8:
     # BCCD's red cells (44-59 px at 320) at stride 16, about 3 anchors across instead of 6. 0.572 against 0.587 at
     # seed 0, the red cells level (0.566 / 0.565)
