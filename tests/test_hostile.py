@@ -214,8 +214,8 @@ NAMES = st.one_of(
 KEYS = {  # each key: left out, a usable value, or a wrong one
     "path": st.one_of(st.just("."), st.just(f"../{FOLDER}"), st.just(f"{FOLDER}/nowhere"), WRONG),
     "train": st.one_of(st.just("images/train"), st.just(["images/train", "images/val"]), WRONG),
-    "val": st.one_of(st.just("images/val"), st.just("train list.txt"), WRONG),
-    "test": st.one_of(st.just("images/test"), WRONG),
+    "val": st.one_of(st.just("images/val"), st.just("train list.txt"), st.floats(0.01, 0.99), WRONG),  # or held out
+    "test": st.one_of(st.just("images/test"), st.floats(0.01, 0.5), WRONG),
     "names": NAMES,
     "nc": st.one_of(st.integers(0, 5), WRONG),
     "defaults": st.one_of(st.just({"epochs": 3}), WRONG),
