@@ -144,7 +144,8 @@ def test_coco_json_refusals_name_the_json_and_the_annotation(sets, tmp_path, cap
             load_verified(load_dataset_yaml(cfg)["val"], data["nc"], "val")
         assert str(error.value) == said
     # and as the user sees it: one sentence, no traceback
-    result = warm_python.run([sys.executable, "train.py", "--data", str(cfg), "--epochs", "1", *TINY], REPO)
+    cmd = [sys.executable, "train.py", "--data", str(cfg), "--epochs", "1", *TINY, "--out", str(tmp_path / "run")]
+    result = warm_python.run(cmd, REPO)  # --out: not a run folder in the clone
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == f"error: {said}"
 
