@@ -81,6 +81,11 @@ RUNS = {
     "ours-n-ms": ("ours", [*RECIPE, "--multi-scale"]),  # the image size varied +/-50% per batch
     "ours-n-scale25": ("ours", [*RECIPE, "--scale", "0.25"]),  # a milder scale jitter: cells have one magnification
     "ours-n-scale75": ("ours", [*RECIPE, "--scale", "0.75"]),  # a stronger one: 204 photos to learn from
+    # AdamW's decay made felt (0.0005 * lr 0.002 shrinks a weight by 1e-6 a step), a cosine rate, mosaic closed
+    # for the second half
+    "ours-n-wd05": ("ours", [*RECIPE, "--weight-decay", "0.05"]),
+    "ours-n-cos": ("ours", [*RECIPE, "--schedule", "cosine"]),
+    "ours-n-close20": ("ours", [*RECIPE, "--close-mosaic", "20"]),
     # NMS-free (YOLO26n and variants that change its box branch): scored as they answer and again with --nms
     "ours-26n": ("ours", [*RECIPE, "--model", "26n"]),
     "ours-26n-dfl": ("ours", [*RECIPE, "--model", "26n", "--reg-max", "16"]),  # DFL and 11n's 64-wide box branch
