@@ -235,8 +235,7 @@ class DetectionLoss:
             # probe: one-to-few (O2F, Li et al. 2023): the object's other top-k candidates are soft anchors, their
             # target t * their alignment-scaled score (t 0.6 -> 0.2 over the run), their BCE weighed 0.4
             few = self.assign(guide_logits, guide_boxes, anchors, strides, padded, dict(settings, keep=None))
-            end = float(os.environ.get("PROBE_O2F_END", "0.2"))
-            t = 0.6 + (end - 0.6) * self.epoch / max(self.epochs - 1, 1)
+            t = 0.6 + (0.2 - 0.6) * self.epoch / max(self.epochs - 1, 1)
             soft = few[2] & ~fg
             target_boxes, fg = few[0], few[2]
             target_scores = torch.where(soft.unsqueeze(-1), t * few[1], target_scores)
