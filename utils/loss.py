@@ -14,7 +14,6 @@ a device-side assert on CUDA); in fp16 box areas over 65,504 px^2 overflow the a
 """
 
 import logging
-import os
 
 import numpy as np
 import torch
@@ -230,18 +229,8 @@ class DetectionLoss:
             topk=topk, keep=keep, levels=levels, level_strides=level_strides, nearest=nearest, alpha=alpha, beta=beta
         )
         target_boxes, target_scores, fg = self.assign(guide_logits, guide_boxes, anchors, strides, padded, settings)
-        anchor_weight = None
-        if os.environ.get("PROBE_O2F") and keep == 1:
-            # probe: one-to-few (O2F, Li et al. 2023): the object's other top-k candidates are soft anchors, their
-            # target t * their alignment-scaled score (t 0.6 -> 0.2 over the run), their BCE weighed 0.4
-            few = self.assign(guide_logits, guide_boxes, anchors, strides, padded, dict(settings, keep=None))
-            t = 0.6 + (0.2 - 0.6) * self.epoch / max(self.epochs - 1, 1)
-            soft = few[2] & ~fg
-            target_boxes, fg = few[0], few[2]
-            target_scores = torch.where(soft.unsqueeze(-1), t * few[1], target_scores)
-            anchor_weight = torch.where(soft, 0.4, 1.0).unsqueeze(-1)
         score_sum = target_scores.sum().clamp(min=1)
-        loss_cls = self.class_term(pred_logits, target_scores, anchor_weight) / score_sum
+        loss_cls = self.class_term(pred_logits, target_scores) / score_sum
 
         # The box and distance terms, on each image's foreground anchors only
         index, weight, fg = self.foreground(fg, target_scores, padded[0].shape[1] * topk)
@@ -299,12 +288,12 @@ class DetectionLoss:
         weight = (target_scores.sum(-1) * fg).gather(1, index)
         return index, weight, fg.gather(1, index).unsqueeze(-1)
 
-    def class_term(self, pred_logits, target_scores, anchor_weight=None):
+    def class_term(self, pred_logits, target_scores):
         """The class loss of every anchor, summed: BCE against the assignment's soft (IoU-aware) scores."""
         if self.class_weights is not None and self.class_weights.device != pred_logits.device:
             self.class_weights = self.class_weights.to(pred_logits.device)  # once: a copy per step would be a sync
         bce = F.binary_cross_entropy_with_logits(pred_logits, target_scores, self.class_weights, reduction="none")
-        return bce.sum() if anchor_weight is None else (bce * anchor_weight).sum()
+        return bce.sum()
 
     @staticmethod
     def box_term(pred_boxes, target_boxes, fg):
