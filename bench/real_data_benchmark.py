@@ -145,11 +145,17 @@ def prepare(voc, data_dir):
     data_dir.mkdir(parents=True, exist_ok=True)
     voc_yaml = data_dir / "voc.yaml"
     voc_yaml.write_text(f"voc: {Path(voc).resolve()}\n")
+    return prepare_yaml(voc_yaml, data_dir, f"--voc {voc}")
+
+
+def prepare_yaml(data_yaml, data_dir, what):
+    """The same for any dataset yaml of ours (VOC, COCO json, YOLO txt): the train and val records it reads become
+    data_dir/yolo (Ultralytics' copy) and data_dir/val_gt.json. what: how an error names the dataset."""
     try:
-        data = load_dataset_yaml(voc_yaml)
+        data = load_dataset_yaml(data_yaml)
         splits = {s: load_verified(data[s], data["nc"], s) for s in ("train", "val")}
     except DatasetError as e:
-        sys.exit(f"--voc {voc}: {e}")
+        sys.exit(f"{what}: {e}")
     names = data["names"]
     for split, records in splits.items():
         write_yolo_split(records, data_dir / "yolo", split)
@@ -160,7 +166,7 @@ def prepare(voc, data_dir):
     val = splits["val"]
     gt = records_to_coco(val, names, file_names=[Path(r["im"]).name for r in val], first_image_id=1, decimals=3)
     (data_dir / "val_gt.json").write_text(json.dumps(gt))
-    return voc_yaml, yolo_yaml, names, {s: len(r) for s, r in splits.items()}
+    return data_yaml, yolo_yaml, names, {s: len(r) for s, r in splits.items()}
 
 
 def write_yolo_split(records, root, split):
@@ -248,7 +254,7 @@ def run_cell(run, data, epochs, seed, cell, args):
     return result
 
 
-def run_and_report(run, epochs, seed, data, out, args):
+def run_and_report(run, epochs, seed, data, out, args, prefix=""):
     cell = out / run / f"{args.imgsz}px" / f"e{epochs}" / f"s{seed}"
     if (cell / "result.json").exists():
         return
@@ -256,11 +262,11 @@ def run_and_report(run, epochs, seed, data, out, args):
     try:
         r = run_cell(run, data, epochs, seed, cell, args)
     except subprocess.CalledProcessError:  # one failed cell does not stop the others: its log says why
-        print(f"{run} {args.imgsz} px {epochs} epochs seed {seed}: failed, see {cell}/log*.txt", flush=True)
+        print(f"{prefix}{run} {args.imgsz} px {epochs} epochs seed {seed}: failed, see {cell}/log*.txt", flush=True)
         return
     classes = ", ".join(f"{n} {v['AP50-95']:.3f}" for n, v in r["per_class"].items())
     print(
-        f"{run} {args.imgsz} px {epochs} epochs seed {seed}: mAP50-95 {r['mAP50-95']:.4f} "
+        f"{prefix}{run} {args.imgsz} px {epochs} epochs seed {seed}: mAP50-95 {r['mAP50-95']:.4f} "
         f"mAP50 {r['mAP50']:.4f} ({classes}; {r['seconds']:.0f} s)",
         flush=True,
     )

@@ -254,3 +254,42 @@ def test_real_data_table_keeps_the_results_of_a_run_no_longer_defined(tmp_path):
         (cell / "result.json").write_text(json.dumps(result))
     rows = [line.split(" | ")[0] for line in real_data_table(tmp_path).splitlines() if line.startswith("| ours")]
     assert rows == ["| ours-n", "| ours-probe-since-removed"]
+
+
+def test_real_suite_prepares_every_set_runs_each_cell_once_and_tables_the_ratios(tmp_path, monkeypatch):
+    """bench/real_suite.py on a tiny generated set: our yaml and Ultralytics' copy are written, the cells run in the
+    grid's order, a second start skips what has run, and the table gives each pair, its ratio, '-' for what has not."""
+    import bench.real_data_benchmark as real_data
+    import bench.real_suite as suite
+    from utils.data.shapes import STYLES, make_shapes
+
+    make_shapes(tmp_path / "clones" / "tiny", n_train=6, n_val=3, seed=1, size=64)
+    names = STYLES["shapes"]["names"]
+    yaml_text = f"path: {{clone}}\ntrain: images/train\nval: images/val\nnames: {names}\n"
+    monkeypatch.setattr(suite, "SETS", {"tiny": dict(url="https://example.org/u/tiny", licence="-", format="YOLO txt",
+                                                     yaml=yaml_text)})  # fmt: skip
+    ran, scores = [], {"ours-n": 0.5, "peer-v8n": 0.4, "ours-ft": 0.6}
+
+    def fake_cell(run, data, epochs, seed, cell, args):  # what training and scoring a cell would leave behind
+        ran.append((run, epochs, seed))
+        result = {"mAP50-95": scores[run], "mAP50": 0.9, "per_class": {}, "seconds": 1.0}
+        (cell / "result.json").write_text(json.dumps(result))
+        return result
+
+    monkeypatch.setattr(real_data, "run_cell", fake_cell)
+    monkeypatch.setenv("YOLO_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    argv = ["real_suite.py", "--root", str(tmp_path / "clones"), "--out", str(out), "--peer-python", sys.executable]
+    monkeypatch.setattr(sys, "argv", [*argv, "--runs", "ours-ft", "peer-v8n", "ours-n", "--weights", __file__])
+    suite.main()
+    assert ran == [("ours-n", 20, 0), ("peer-v8n", 20, 0), ("ours-ft", 10, 0)]  # the first tier first
+    data = out / "tiny" / "data"
+    assert "path: " + str((tmp_path / "clones" / "tiny").resolve()) in (data / "data.yaml").read_text()
+    assert len(list((data / "yolo" / "images" / "train").iterdir())) == 6  # Ultralytics' copy of the same records
+    assert len(json.loads((data / "val_gt.json").read_text())["images"]) == 3
+    suite.main()  # started again: every cell has run, none runs twice
+    assert len(ran) == 3
+    lines = (out / "table.md").read_text().splitlines()
+    row = f"| tiny | 6 / 3 | {len(names)} | 0.500 | 0.400 | 1.25 | - | - | - | 0.500 | - | - | 0.600 | - | - |"
+    assert row in lines  # ours-n twice: under the same recipe and against Ultralytics with a step per batch
+    assert "| **mean** |  |  | 0.500 | 0.400 | **1.25** | - | - | - | - | - | - | - | - | - |" in lines
