@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from models.weights import architecture, class_width, initialise_from, load_weights
 from models.yolo import YOLO, count_gflops, count_parameters
-from utils import monitor, settings, tracking  # results.csv, TensorBoard, progress lines; how a setting is resolved
+from utils import mlflow_logging, monitor, settings  # MLflow; results.csv, TensorBoard, progress; settings resolved
 from utils.autobatch import batch_from_memory
 from utils.checkpoints.ours import FORMAT, load_checkpoint, rng_states, save_checkpoint, set_rng_states
 from utils.data.dataset_yaml import DatasetError, load_dataset_yaml
@@ -129,8 +129,8 @@ try:
     args, resume_ckpt = settings.resume_arguments(parser, args, given_flags, sources)
 except ValueError as e:  # CheckpointError too
     sys.exit(f"--resume: {e}")
-if args.mlflow and not tracking.mlflow_installed():  # optional: said before anything is written
-    sys.exit(tracking.MLFLOW_MISSING)
+if args.mlflow and not mlflow_logging.mlflow_installed():  # optional: said before anything is written
+    sys.exit(mlflow_logging.MLFLOW_MISSING)
 
 device, rank, local_rank, world_size, flags_group = setup_distributed(args.device)
 is_main = rank == 0
@@ -228,7 +228,7 @@ COLUMNS = ("epoch", *loss_fn.columns, *METRICS, "lr", "seconds", *FAULTS)
 
 # -----------------------------------------------------------------------------------------------
 # Loop state: what the loop carries from one step to the next. last.pt saves it (training_state, below) and a
-# resumed run takes it back here, but for the skip counters, which start again at 0.
+# resumed run takes it back here, but for the skip counters, which start again at 0. The loss sums are this epoch's.
 start_epoch, start_iteration = 0, 0  # where the loop starts: a resumed run skips what it trained
 best_fitness, best_epoch = -1.0, 0  # best.pt and --patience
 in_a_row = {"oom": 0, "nonfinite": 0}  # optimizer steps skipped in a row, by cause: too many stop the run
@@ -247,6 +247,7 @@ if resume_ckpt:
     best_fitness, best_epoch = resume_ckpt["best_fitness"], resume_ckpt.get("best_epoch", start_epoch)
     set_rng_states(resume_ckpt["rng"])
     log.info(f"resuming {args.resume} at epoch {start_epoch}, iteration {start_iteration}")
+sums, batches_done = monitor.epoch_loss_sums(resume_ckpt if start_iteration else None, len(loss_fn.names), device)
 
 checkpoint_header = dict(format=FORMAT, scale=scale, nc=nc, names=names, imgsz=args.imgsz)  # rebuilds the model
 last_pt, best_pt = run_dir / "weights" / "last.pt", run_dir / "weights" / "best.pt"
@@ -270,10 +271,8 @@ def save_last(epoch, iteration):
     crash_context["last_checkpoint"] = str(last_pt)
 
 
-if world_size > 1:
-    model = wrap_ddp(model, device)
-if args.compile:  # after DDP: torch's DDP optimizer then splits the graph at the gradient buckets
-    model = torch.compile(model)
+model = wrap_ddp(model, device) if world_size > 1 else model
+model = torch.compile(model) if args.compile else model  # after DDP: its optimizer splits the graph at the buckets
 
 # -----------------------------------------------------------------------------------------------
 # Data loaders
@@ -305,7 +304,7 @@ results_csv, draw_results = run_dir / "results.csv", LatestOnly(plot_results)  #
 if is_main:  # a resumed run keeps its rows up to its last save (a killed run may have written more)
     monitor.start_results_csv(results_csv, COLUMNS, start_epoch if resume_ckpt else None)
 tensorboard = monitor.open_tensorboard(run_dir) if is_main else None
-mlflow_run = tracking.start_mlflow_run(run_dir, vars(args)) if args.mlflow and is_main else None
+mlflow_run = mlflow_logging.start_mlflow_run(run_dir, vars(args)) if args.mlflow and is_main else None
 profiler = monitor.start_profiler(run_dir / "profile_trace.json") if args.profile and is_main else None
 benchmark = monitor.Benchmark(args.benchmark, args.batch, args.imgsz, device) if args.benchmark else None
 
@@ -368,7 +367,8 @@ for epoch in range(start_epoch, args.epochs):
     loss_fn.epoch = epoch  # ProgLoss (end-to-end heads): a pure function of the epoch, nothing to save for resume
     epoch_start = time.time()
     first = start_iteration if epoch == start_epoch else 0
-    sums, batches_done = monitor.epoch_loss_sums(resume_ckpt if first else None, len(loss_fn.names), device)
+    if epoch > start_epoch:  # a resumed run's first epoch goes on with the sums its last.pt saved
+        sums, batches_done = torch.zeros_like(sums), 0
     window_sums = torch.zeros_like(sums)
     faults.update(dict.fromkeys(FAULTS, 0))
     window_batches, window_dropped = 0, False  # sums: one per loss part, read once per optimizer step

@@ -12,7 +12,7 @@ The loader is the one its trainer builds for mode='train' (DetectionTrainer.get_
 `build_yolo_dataset(cfg, images, batch, data, mode="train")` + `build_dataloader(dataset, batch, workers,
 shuffle=True)`, with Ultralytics' default augmentation (mosaic 1.0, RandomPerspective translate 0.1 scale 0.5, HSV,
 fliplr 0.5; mixup, cutmix, copy-paste 0) and no image cache unless --cache-ram. Labels are found by swapping the
-last /images/ of each path for /labels/ (the layout utils/shapes.make_shapes writes). Its label cache
+last /images/ of each path for /labels/ (the layout utils/data/shapes.make_shapes writes). Its label cache
 (labels/<split>.cache) is written next to the labels, so point it at a generated set, not a dataset you keep.
 
 Timing: `--warmup` batches are not timed (worker start-up, the mosaic buffer filling), then `--batches` batches

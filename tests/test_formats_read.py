@@ -5,7 +5,6 @@ import json
 import logging
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -370,13 +369,3 @@ def test_only_a_category_that_groups_others_and_has_no_box_is_left_out(tmp_path)
         annotations = [{"id": k, "image_id": 1, "category_id": c, "bbox": [1, 1, 3, 3]} for k, c in enumerate(used)]
         path.write_text(json.dumps({"images": [image], "annotations": annotations, "categories": categories_}))
         assert [c for c, _, group in categories(path) if group] == groups, name
-
-
-@pytest.mark.parametrize(
-    "command, new",
-    [(["-m", "utils.shapes", "--style", "crowd"], "python -m utils.data.shapes --style crowd"),
-     (["data/coco2yolo.py", "instances_train2017.json"], "json: annotations/instances_train2017.json")],
-)  # fmt: skip
-def test_old_commands_name_the_new_spelling_in_one_sentence(command, new):
-    result = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 1 and new in result.stderr and len(result.stderr.strip().splitlines()) == 1

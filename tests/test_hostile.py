@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from utils.data import labels as L
-from utils.data.annotations import DatasetError
 from utils.data.dataset_yaml import load_dataset_yaml
 from utils.data.images import MAX_PIXELS, load_original, load_resized
+from utils.general import DatasetError
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDER = "dätä set ü"  # spaces and non-ASCII in every path the tests write

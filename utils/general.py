@@ -16,6 +16,11 @@ from pathlib import Path
 from utils.disk import DiskFull, disk_full_sentence, is_disk_full, not_written_sentence
 
 
+class DatasetError(ValueError):
+    """A dataset yaml or folder that cannot be used; the message is one sentence naming the culprit. Here, not in
+    utils/data/, because utils/settings.py raises it too and utils/data/ imports settings."""
+
+
 def setup_logging(log_file=None, rank=0):
     """Readable lines on the console (rank 0 only) and, when given, the same lines in a log file."""
     log = logging.getLogger("yolo")

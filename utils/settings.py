@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from utils.data.dataset_yaml import DatasetError
+from utils.general import DatasetError
 
 
 def explicit_flags(parser, argv):

@@ -1,6 +1,6 @@
 """What the three label formats read here share: YOLO txt (utils/data/labels.py), Pascal VOC xml (utils/data/voc.py) and
-COCO json (utils/data/coco_json.py). The errors a dataset raises, the rule every box passes, and where our own files
-go. Light on purpose (no cv2, no numpy): utils/data/dataset_yaml.py imports it, and starts without torch.
+COCO json (utils/data/coco_json.py). The error a bad annotation raises, the rule every box passes, and where our own
+files go. Light on purpose (no cv2, no numpy): utils/data/dataset_yaml.py imports it, and starts without torch.
 """
 
 import hashlib
@@ -8,6 +8,8 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from utils.general import DatasetError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".dng", ".mpo", ".pfm"}
 READER_VERSION = 1  # bump when voc.py or coco_json.py read boxes differently: their caches rebuild
@@ -26,10 +28,6 @@ def without_darknet_prefix(folder, path):
     dataset as data/ (CVAT's "YOLO 1.1" export): without that prefix where it exists only so, else as given."""
     bare = path.removeprefix(DARKNET_PREFIX)
     return bare if bare != path and not (folder / path).exists() and (folder / bare).exists() else path
-
-
-class DatasetError(ValueError):
-    """A dataset yaml or folder that cannot be used; the message is one sentence naming the culprit."""
 
 
 @dataclass(frozen=True)

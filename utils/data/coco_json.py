@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from utils.data.annotations import BadAnnotation, DatasetError, cache_dir, pixel_box, unique_rows
+from utils.data.annotations import BadAnnotation, cache_dir, pixel_box, unique_rows
+from utils.general import DatasetError
 
 
 @dataclass(frozen=True)

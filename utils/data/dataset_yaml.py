@@ -13,12 +13,12 @@ import yaml
 from utils.data import coco_json, voc
 from utils.data.annotations import (
     FORMATS_READ,
-    DatasetError,  # noqa: F401  imported from here too
     HeldOut,
     without_darknet_prefix,
 )
 from utils.data.coco_json import CocoSplit
 from utils.data.voc import VocSplit
+from utils.general import DatasetError  # scripts import it from here too
 
 log = logging.getLogger("yolo")
 SPLITS = ("train", "val", "test")

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from utils.data.annotations import IMAGE_SUFFIXES, BadAnnotation, DatasetError, pixel_box, unique_rows
+from utils.data.annotations import IMAGE_SUFFIXES, BadAnnotation, pixel_box, unique_rows
+from utils.general import DatasetError
 
 
 @dataclass(frozen=True)
