@@ -1,4 +1,5 @@
 import os
+import resource
 
 import pytest
 from slurm_cluster import slurm_cluster  # noqa: F401  a fixture: the local SLURM cluster of test_slurm.py
@@ -8,6 +9,22 @@ from slurm_cluster import slurm_cluster  # noqa: F401  a fixture: the local SLUR
 # killed-run test: 80 s of CPU and wall spinning, 19 s passive, on a 2-core AVX2 host). Set before anything imports
 # torch; the train.py runs, the warm interpreter and the SLURM jobs inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def cap_memory(share=0.8):
+    """Each worker, and each process it starts, may allocate its share of the machine's memory and no more: a test
+    that runs away fails with a MemoryError naming it, where the kernel's out-of-memory killer would take the whole
+    worker (pytest.ini: --max-worker-restart 0 then stops the run, naming the test). RLIMIT_DATA counts what a
+    process allocates, not the libraries it maps (RLIMIT_AS would count torch's 3 GB of libraries and reservations).
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cap = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * share / workers)
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    cap = min([cap] + [limit for limit in (soft, hard) if limit != resource.RLIM_INFINITY])
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
+
+
+cap_memory()
 
 # The fixtures several test files share, each defined beside the helpers it goes with (loaded after the line above:
 # they import torch): tiny_data (train_runs.py), data (emulated_runs.py), sets (format_sets.py), log_lines and

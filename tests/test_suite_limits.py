@@ -1,0 +1,55 @@
+"""The suite's own limits (pytest.ini, tests/conftest.py): a hung test, a worker the kernel kills and a test that
+runs away with memory each fail the run in seconds, naming the test, instead of leaving it to wait for CI's limit."""
+
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# as tests/conftest.py groups the real tests: one group per file, which is where a replaced worker used to hang
+GROUPS = """import pytest
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+"""
+
+
+def run_suite(folder, *options):
+    """pytest with this repo's pytest.ini (two workers) on the test files in `folder`: (seconds, exit code, output)."""
+    (folder / "conftest.py").write_text(GROUPS)
+    command = [sys.executable, "-m", "pytest", "-c", REPO / "pytest.ini", "--rootdir", folder, "-p", "no:cacheprovider"]
+    command += [*options, folder]
+    start = time.time()
+    result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=240)
+    return time.time() - start, result.returncode, result.stdout + result.stderr
+
+
+def test_a_hung_test_fails_after_its_time_limit_with_its_name(tmp_path):
+    (tmp_path / "test_hangs.py").write_text("import time\n\ndef test_hangs():\n    time.sleep(600)\n")
+    seconds, code, output = run_suite(tmp_path, "-o", "timeout=3")
+    assert code == 1 and "FAILED test_hangs.py::test_hangs" in output and "Timeout" in output, output
+    assert seconds < 120
+
+
+def test_a_killed_worker_stops_the_run_naming_its_test(tmp_path):
+    """The kernel's out-of-memory killer, as SIGKILL: the run ends with the test named (a replaced worker would have
+    left --dist loadgroup waiting for the rest of the killed worker's group forever)."""
+    killed = "import os, signal\n\ndef test_first():\n    pass\n\ndef test_killed():\n    os.kill(os.getpid(), 9)\n"
+    (tmp_path / "test_killed.py").write_text(killed + "\ndef test_after():\n    pass\n")
+    (tmp_path / "test_other.py").write_text("import time\n\ndef test_other():\n    time.sleep(2)\n")
+    seconds, code, output = run_suite(tmp_path)
+    assert code == 1 and "crashed while running 'test_killed.py::test_killed'" in output, output
+    assert seconds < 120
+
+
+def test_a_test_that_runs_away_with_memory_fails_with_a_memory_error():
+    soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert soft != resource.RLIM_INFINITY and soft <= physical  # so the allocation below is refused, never made
+    with pytest.raises(MemoryError):
+        bytearray(soft + 2**30)
