@@ -79,7 +79,7 @@ parser = argparse.ArgumentParser(
 )
 add = parser.add_argument
 add("--data", default="data/shapes.yaml", help="dataset yaml (or a Darknet / CVAT obj.data)")
-add("--model", default="n", help="YOLOv8 n..x, YOLO11 11n..11x, YOLO26 26n..26x, 26n-d32...; a .pt (ours, Ultralytics)")
+add("--model", default="n", help="YOLOv8 n..x, YOLO11 11n..x, YOLO26 26n..x, NMS-free 11n-e2e; .pt: ours, Ultralytics'")
 add("--weights", default="", help="initialise from this .pt, ours or Ultralytics' (tensors that match)")
 add("--scratch-recipe", action="store_true", help="with --weights: keep a scratch run's lr0 (docs/data.md)")
 add("--reg-max", type=int, default=0, help="box bins per side: 16 = DFL, 1 = no DFL; 0: the family's (26: 1, else 16)")

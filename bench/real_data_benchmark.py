@@ -53,7 +53,7 @@ sys.path.insert(0, str(REPO))  # run as `python bench/real_data_benchmark.py`: f
 
 from bench.peer import find_peer_python  # noqa: E402
 from bench.recipe_benchmark import RECIPE, is_nms_free, run_logged, train_command  # noqa: E402
-from models.variants import VARIANTS  # noqa: E402
+from models.yolo import E2E  # noqa: E402
 from utils.coco import records_to_coco  # noqa: E402
 from utils.data.dataset_yaml import DatasetError, load_dataset_yaml  # noqa: E402
 from utils.data.labels import load_verified  # noqa: E402
@@ -86,24 +86,10 @@ RUNS = {
     "ours-n-wd05": ("ours", [*RECIPE, "--weight-decay", "0.05"]),
     "ours-n-cos": ("ours", [*RECIPE, "--schedule", "cosine"]),
     "ours-n-close20": ("ours", [*RECIPE, "--close-mosaic", "20"]),
-    # NMS-free (YOLO26n and variants that change its box branch): scored as they answer and again with --nms
+    # NMS-free (YOLO26n and 11n-e2e): scored as they answer and again with --nms
     "ours-26n": ("ours", [*RECIPE, "--model", "26n"]),
     "ours-26n-dfl": ("ours", [*RECIPE, "--model", "26n", "--reg-max", "16"]),  # DFL and 11n's 64-wide box branch
-    # every NMS-free variant as it is (models/variants.py says what each changes and scored)
-    **{f"ours-{name}": ("ours", [*RECIPE, "--model", name]) for name in VARIANTS},
-    # 26n-d32-level whose one-to-many loss keeps half the weight to the end (ProgLoss falls to 0.1 otherwise)
-    "ours-26n-d32-level-o2m05": ("ours", [*RECIPE, "--model", "26n-d32-level", "--o2m-final", "0.5"]),
-    # its one-to-one head on detached features, its one-to-many weight kept at 0.8: the network as 11n with a 32-wide
-    # DFL box branch would train it (AdamW does not see a constant loss scale)
-    "ours-11n-d32-stable-det-o2m08": ("ours", [*RECIPE, "--model", "11n-d32-stable-det", "--o2m-final", "0.8"]),
-    # its network shaped by the one-to-many loss longer: that weight falls to 0.4, not 0.1; or to 0
-    "ours-11n-d32-stable-o2m04": ("ours", [*RECIPE, "--model", "11n-d32-stable", "--o2m-final", "0.4"]),
-    "ours-11n-d32-stable-o2m0": ("ours", [*RECIPE, "--model", "11n-d32-stable", "--o2m-final", "0"]),
-    # twice the rate, for both: whether the NMS-free head gains more from it (it learns more slowly)
-    "ours-11n-lr4": ("ours", [*RECIPE, "--model", "11n", "--lr0", "0.004"]),
-    "ours-11n-d32-level-lr4": ("ours", [*RECIPE, "--model", "11n-d32-level", "--lr0", "0.004"]),
-    "ours-26n-joint-o2m08": ("ours", [*RECIPE, "--model", "26n-joint", "--o2m-final", "0.8"]),  # no ProgLoss decay
-    "ours-26n-o2m08": ("ours", [*RECIPE, "--model", "26n", "--o2m-final", "0.8"]),  # one-to-many weight kept at 0.8
+    **{f"ours-{name}": ("ours", [*RECIPE, "--model", name]) for name in E2E},
     # fine-tuning --weights FILE (its architecture, its tensors; the class convolutions are new: 3 classes here)
     "ours-ft": ("ours", ["--model", "{weights}"]),  # our defaults: a fine-tuning run's lr0 (utils/settings.py)
     "ours-ft-scratch": ("ours", ["--model", "{weights}", "--scratch-recipe"]),  # a scratch run's: lr0 0.002

@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))  # run as `python bench/recipe_benchmark.py`: find
 
 from bench.peer import find_peer_python  # noqa: E402
 from bench.score_detections import score  # noqa: E402
-from models.variants import VARIANTS  # noqa: E402
+from models.yolo import E2E  # noqa: E402
 from utils.data.shapes import STYLES, make_shapes  # noqa: E402
 
 DATASETS = {  # name: make_shapes arguments
@@ -73,8 +73,6 @@ RUNS = {
     "26n-l1-x10": ("ours", ["--model", "26n", "--dfl", "15"]),  # 10x the gain of the L1 term that replaces DFL
     "26n-tiny-box-16": ("ours", ["--model", "26n", "--tiny-box", "16"]),  # Ultralytics' small-target rule, on 26n
     "26n-no-progloss": ("ours", ["--model", "26n", "--o2m-final", "0.8"]),  # constant 0.8 / 0.2 branch weights
-    "26n-joint": ("ours", ["--model", "26n-joint"]),  # the one-to-one loss trains the network too (not detached)
-    "26n-aux": ("ours", ["--model", "26n-aux"]),  # 26n-joint beside a one-to-many head with 11n's DFL box branch
     "ours-26n-musgd": ("ours", ["--model", "26n", "--optimizer", "musgd", "--lr0", "0.01"]),
     "peer-26n": ("peer", ["--model", "yolo26n.yaml", "optimizer=AdamW", "lr0=0.002"]),
     "peer-26n-defaults": ("peer", ["--model", "yolo26n.yaml"]),  # optimizer=auto (AdamW here: short runs)
@@ -146,9 +144,9 @@ def scores(run, cell, data_yaml, peer_python):
 
 def is_nms_free(extra):
     """Whether a run's flags (ours) or settings (Ultralytics) train an NMS-free model: the --model they name is a
-    YOLO26 (26n, 26n-d32, yolo26n.yaml ...) or one of our NMS-free variants (11n-level)."""
+    YOLO26 (26n, yolo26n.yaml ...) or our NMS-free YOLO11 (11n-e2e)."""
     model = extra[extra.index("--model") + 1] if "--model" in extra else ""
-    return "26" in model or model in VARIANTS
+    return "26" in model or model in E2E
 
 
 def run_logged(command, log_path):

@@ -6,11 +6,10 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from models.blocks import Conv
 from utils.assigner import DualAssignment
-from utils.boxes import bins_per_side, dfl_decode, distances_to_boxes, make_anchors
+from utils.boxes import dfl_decode, distances_to_boxes, make_anchors
 
 STRIDES = (8, 16, 32)
 
@@ -27,33 +26,15 @@ def branch(c, hidden, out, light):
     return nn.Sequential(Conv(c, hidden, 3), Conv(hidden, hidden, 3), nn.Conv2d(hidden, out, 1))
 
 
-class PeakConv(nn.Conv2d):
-    """The last 1x1 conv of a one-to-one class branch, over its features and their 3x3 local maximum (DeFCN's max
-    filter, on one level): an anchor sees whether a neighbour answers the object more strongly. For a one-to-one head,
-    which must score one anchor of each object high and its neighbours, whose features are nearly the same, low; on
-    BCCD it gained nothing (bench/RESULTS.md "NMS-free on BCCD")."""
-
-    def __init__(self, c, out):
-        super().__init__(2 * c, out, 1)
-
-    def forward(self, x):
-        return super().forward(torch.cat((x, F.max_pool2d(x, 3, 1, 1)), 1))
-
-
 class Detect(nn.Module):
     """Decoupled head: per level, one branch predicts box side distances as distributions over
     `reg_max` bins (DFL), the other class logits. Anchor-free: one prediction per grid cell.
     light_cls (YOLO11): the class branch's 3x3 convs are depthwise, each followed by a 1x1.
     cls_width: the class branch's width; 0 = the usual rule, which grows it with the class count up to 100.
-    box_width: the box branch's width; 0 = the usual rule (16 for n at reg_max 1, 64 with DFL's 16 bins).
-    light_box: the box branch's 3x3 convs are depthwise, each followed by a 1x1 (as light_cls).
+    box_width: the box branch's width; 0 = the usual rule (16 for n at reg_max 1, 64 with DFL's 16 bins; 11n-e2e: 32).
     reg_max=1 (YOLO26): no DFL, the box branch predicts the 4 distances directly.
-    one2one_reg_max: the one-to-one head's own box bins (its branch then has the usual width for them); 0: a copy
-    of the one-to-many head's. The one-to-many head answers only for NMS, so its box branch can be heavier (DFL)
-    at no cost to the NMS-free answer. A map's bins are read from its channels (4 * bins + nc).
-    one2one_peak: the one-to-one class branch ends in a PeakConv.
-    end2end (YOLO26): a second copy of both branches, the one-to-one head, trained with one positive anchor per
-    object on features detached from the network (so its loss does not reshape them; see detach_one2one); in eval
+    end2end (YOLO26, 11n-e2e): a second copy of both branches, the one-to-one head, trained with one positive anchor
+    per object on features detached from the network (so its loss does not reshape them; see detach_one2one); in eval
     it alone answers, and its top max_det (anchor, class) scores are the final detections: no NMS. Setting
     `end2end = False` on such a head makes eval answer with the one-to-many branch instead, per anchor, for NMS
     (val.py / detect.py --nms).
@@ -61,43 +42,23 @@ class Detect(nn.Module):
 
     max_det = 300  # end2end: detections per image
     # YOLO26 / YOLOv10: the one-to-one head learns on detached features, so that its one-positive-per-object loss
-    # does not reshape the network the one-to-many head trains. False (models/variants.py's "joint" variants): its
-    # gradient reaches the network too.
+    # does not reshape the network the one-to-many head trains. False (11n-e2e): its gradient reaches the network too.
     detach_one2one = True
-    # how the loss picks each branch's positives (utils/assigner.py; models/variants.py sets its own)
+    # how the loss picks the one-to-one branch's positives (utils/assigner.py; 11n-e2e has its own)
     assignment = DualAssignment()
 
-    def __init__(
-        self,
-        nc,
-        channels,
-        reg_max=16,
-        light_cls=False,
-        cls_width=0,
-        end2end=False,
-        box_width=0,
-        light_box=False,
-        one2one_reg_max=0,
-        one2one_peak=False,
-    ):
+    def __init__(self, nc, channels, reg_max=16, light_cls=False, cls_width=0, end2end=False, box_width=0):
         super().__init__()
         # one_to_one: the architecture (the loss trains both branches); end2end: which one answers in eval
         self.nc, self.reg_max, self.one_to_one, self.end2end = nc, reg_max, end2end, end2end
-        self.one2one_reg_max = one2one_reg_max or reg_max
         self.strides = STRIDES
         box_hidden = box_width or max(16, channels[0] // 4, reg_max * 4)
         cls_hidden = cls_width or max(channels[0], min(nc, 100))
-        self.box = nn.ModuleList(branch(c, box_hidden, 4 * reg_max, light_box) for c in channels)
+        self.box = nn.ModuleList(branch(c, box_hidden, 4 * reg_max, False) for c in channels)
         self.cls = nn.ModuleList(branch(c, cls_hidden, nc, light_cls) for c in channels)
         if end2end:
             self.one2one_box, self.one2one_cls = copy.deepcopy(self.box), copy.deepcopy(self.cls)
-            if one2one_reg_max:
-                hidden = max(16, channels[0] // 4, one2one_reg_max * 4)
-                self.one2one_box = nn.ModuleList(branch(c, hidden, 4 * one2one_reg_max, False) for c in channels)
-            for level in self.one2one_cls if one2one_peak else []:
-                level[-1] = PeakConv(cls_hidden, nc)
-        bins = max(reg_max, one2one_reg_max)
-        self.register_buffer("bins", torch.arange(bins, dtype=torch.float32), persistent=False)
+        self.register_buffer("bins", torch.arange(reg_max, dtype=torch.float32), persistent=False)
         self.init_biases()
 
     def init_biases(self, imgsz=640):
@@ -132,16 +93,15 @@ class Detect(nn.Module):
         return [torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(feats, boxes, classes)]
 
     def split(self, maps):
-        """Raw maps -> anchors and strides (anchors, 2 and 1), box outputs (batch, anchors, 4 * bins), class logits
-        (batch, anchors, nc), bins per side; float32 (see decode)."""
+        """Raw maps -> anchors and strides (anchors, 2 and 1), box outputs (batch, anchors, 4 * reg_max), class
+        logits (batch, anchors, nc); float32 (see decode)."""
         anchors, strides = make_anchors(maps, self.strides)
-        flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2).float()  # batch, anchors, 4*bins + nc
-        bins = bins_per_side(flat.shape[-1], self.nc)
-        return anchors, strides, *flat.split((4 * bins, self.nc), 2), bins
+        flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2).float()  # batch, anchors, 4*reg_max + nc
+        return anchors, strides, *flat.split((4 * self.reg_max, self.nc), 2)
 
-    def boxes(self, distri, anchors, strides, bins):
+    def boxes(self, distri, anchors, strides):
         """Box outputs -> xyxy boxes in input pixels (DFL's expectation first, where there are bins)."""
-        distances = dfl_decode(distri, self.bins[:bins]) if bins > 1 else distri
+        distances = dfl_decode(distri, self.bins) if self.reg_max > 1 else distri
         return distances_to_boxes(distances, anchors) * strides
 
     def decode(self, maps):
@@ -151,18 +111,18 @@ class Detect(nn.Module):
         its DFL expectation is up to ~0.01 cell off (0.27 px at stride 32), so fp16 boxes were up to 0.5 px
         off at 640 and 0.7 px at 1280, enough to move a match across the high IoU thresholds of mAP50-95."""
         with torch.autocast(maps[0].device.type, enabled=False):  # autocast would run the DFL matmul in fp16
-            anchors, strides, distri, logits, bins = self.split(maps)
-            return torch.cat((self.boxes(distri, anchors, strides, bins), logits.sigmoid()), 2)
+            anchors, strides, distri, logits = self.split(maps)
+            return torch.cat((self.boxes(distri, anchors, strides), logits.sigmoid()), 2)
 
     def answer(self, maps):
         """The one-to-one head's raw maps -> its final detections (see top_detections), decoding only the boxes of
         the detections kept: top_detections(decode(maps)), without DFL's softmax over every anchor (8,400 at 640 px),
         which cost an NMS-free graph with a DFL box branch more time than its convs did."""
         with torch.autocast(maps[0].device.type, enabled=False):
-            anchors, strides, distri, logits, bins = self.split(maps)
+            anchors, strides, distri, logits = self.split(maps)
             anchor, score, cls = self.top_pairs(logits.sigmoid())
             distri = distri.gather(1, anchor.unsqueeze(-1).expand(-1, -1, distri.shape[-1]))
-            boxes = self.boxes(distri, anchors[anchor], strides[anchor], bins)
+            boxes = self.boxes(distri, anchors[anchor], strides[anchor])
             return torch.cat((boxes, score.unsqueeze(-1), cls.unsqueeze(-1).to(boxes.dtype)), 2)
 
     def top_pairs(self, scores):

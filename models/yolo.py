@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from models.blocks import C2PSA, SPPF, C2f, C3k2, Conv
 from models.head import Detect
-from models.variants import VARIANTS, Variant
+from utils.assigner import E2E_ASSIGNMENT
 
 # model name: (depth multiple, width multiple, max channels), the values users of Ultralytics know.
 # n..x are YOLOv8 (this repo's models since its start), 11n..11x are YOLO11, 26n..26x are YOLO26.
@@ -44,7 +44,12 @@ SCALES = {
 }
 
 
-MODELS = [*SCALES, *VARIANTS]  # every name --model takes
+# NMS-free YOLO11 (docs/yolo26.md): YOLO11n's network under YOLO26's two heads, each with a DFL box branch of 32
+# channels (half 11n's); the one-to-one loss trains the network too, and picks each object's positive on the one level
+# its size picks, led by the score (utils/assigner.py E2E_ASSIGNMENT). Name: the network it keeps.
+E2E = {"11n-e2e": "11n"}
+RENAMED = {"11n-d32-stable": "11n-e2e"}  # checkpoints written under an earlier name
+MODELS = [*SCALES, *E2E]  # every name --model takes
 
 
 @contextlib.contextmanager
@@ -70,7 +75,7 @@ def _width(c, width, max_channels):
 
 
 class YOLO(nn.Module):
-    """YOLOv8 (scales n..x), YOLO11 (11n..11x) or YOLO26 (26n..26x). Layer sizes follow the usual tables:
+    """YOLOv8 (scales n..x), YOLO11 (11n..11x), YOLO26 (26n..26x) or 11n-e2e. Layer sizes follow the usual tables:
     widths 64..1024 times the scale's width multiple (capped), repeats times its depth multiple. The families
     share one layout (backbone, SPPF, FPN top-down, PAN bottom-up, head) and one forward; YOLO11 swaps C2f for
     C3k2, adds the C2PSA attention stage after SPPF and widens the backbone's P2/P3 outputs; YOLO26 changes
@@ -82,12 +87,13 @@ class YOLO(nn.Module):
 
     def __init__(self, scale="n", nc=80, checkpoint_activations=False, cls_width=0, reg_max=0):
         super().__init__()
+        scale = RENAMED.get(scale, scale)
         if scale not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {scale!r}")
         self.scale, self.nc = scale, nc
-        v = VARIANTS.get(scale, Variant(scale, bins=0, box_width=0))  # a scale itself: the family's head
-        end2end = scale in VARIANTS or scale.startswith("26")  # the one-to-one head (NMS-free)
-        scale = v.scale
+        e2e = scale in E2E
+        end2end = e2e or scale.startswith("26")  # the one-to-one head (NMS-free)
+        scale = E2E.get(scale, scale)
         depth, width, max_ch = SCALES[scale]
         # Recompute activations in backward instead of storing them (pitfall E2: spend compute to save memory).
         self.checkpoint_activations = checkpoint_activations
@@ -113,10 +119,10 @@ class YOLO(nn.Module):
             self.down_p3, self.bottom4 = Conv(c3, c3, 3, 2), C3k2(c3 + c4, c4, n2, deep_neck)
             self.down_p4 = Conv(c4, c4, 3, 2)
             self.bottom5 = C3k2(c4 + c5, c5, 1, True, attention=True) if yolo26 else C3k2(c4 + c5, c5, n2, True)
-            reg_max = reg_max or v.bins or (1 if yolo26 else 16)
-            variant = (v.box_width, v.depthwise_box, v.one2one_bins, v.peak)
-            self.head = Detect(nc, (c3, c4, c5), reg_max, True, cls_width, end2end, *variant)
-            self.head.detach_one2one, self.head.assignment = not v.joint, v.assignment
+            reg_max = reg_max or (1 if yolo26 else 16)
+            self.head = Detect(nc, (c3, c4, c5), reg_max, True, cls_width, end2end, box_width=32 if e2e else 0)
+            if e2e:
+                self.head.detach_one2one, self.head.assignment = False, E2E_ASSIGNMENT
         else:
             n3, n6 = max(round(3 * depth), 1), max(round(6 * depth), 1)
             # backbone

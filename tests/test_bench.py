@@ -64,11 +64,11 @@ def test_table_gives_yolo26_both_modes_and_compares_each_with_the_same_mode(tmp_
 
 @pytest.mark.parametrize(
     "flags, nms_free",
-    [(["--model", "26n"], True), (["--model", "yolo26n.yaml"], True), (["--model", "11n-level"], True),
+    [(["--model", "26n"], True), (["--model", "yolo26n.yaml"], True), (["--model", "11n-e2e"], True),
      (["--model", "11n"], False), (["--lr0", "0.004"], False)],
 )  # fmt: skip
 def test_nms_free_runs_are_scored_a_second_time_with_nms(flags, nms_free):
-    # an NMS-free run on YOLO11n's network (11n-level) has no "26" in its name, but its one-to-many head is scored too
+    # an NMS-free run on YOLO11n's network (11n-e2e) has no "26" in its name, but its one-to-many head is scored too
     assert is_nms_free(flags) == nms_free
 
 

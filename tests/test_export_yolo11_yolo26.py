@@ -1,5 +1,5 @@
 """export.py of YOLO11 (its attention stage) to ONNX and of YOLO26's end-to-end graph (final detections without NMS,
---nms, the DFL variant) to ONNX and TFLite, held to PyTorch's detections."""
+--nms, the NMS-free 11n-e2e with DFL) to ONNX and TFLite, held to PyTorch's detections."""
 
 import onnx
 import pytest
@@ -74,10 +74,10 @@ def test_yolo26_graph_outputs_its_final_detections_without_nms(tmp_path):
     assert unmatched == 0 and boxes < 1e-2 and scores < 1e-4
 
 
-def test_yolo26_variant_with_dfl_exports_its_final_detections(tmp_path):
-    """26n-dw (DFL's 16 bins per side, depthwise box branch): the expectation over the bins is in the end-to-end
-    graph, which gives PyTorch's detections (export.py's own check, then here)."""
-    weights = make_checkpoint(tmp_path / "best.pt", imgsz=96, scale="26n-dw")
+def test_nms_free_model_with_dfl_exports_its_final_detections(tmp_path):
+    """11n-e2e (DFL's 16 bins per side): the expectation over the bins is in the end-to-end graph, which gives
+    PyTorch's detections (export.py's own check, then here)."""
+    weights = make_checkpoint(tmp_path / "best.pt", imgsz=96, scale="11n-e2e")
     export.main(["--weights", str(weights), "--onnx", "--runs", "1", "--conf", str(CONF)])  # exits if they disagree
     exported, x = load_exported(weights.with_suffix(".onnx")), batch_of([3], 96, 96)
     with torch.no_grad():

@@ -1,15 +1,13 @@
-"""YOLO26: its two heads, the NMS-free answer, the variants of its box branch and how its one-to-one head is
-assigned and trained (models/head.py, models/variants.py, utils/assigner.py, utils/loss.py)."""
+"""YOLO26 and 11n-e2e: their two heads, the NMS-free answer, 11n-e2e's box branch and how a one-to-one head is
+assigned and trained (models/head.py, models/yolo.py, utils/assigner.py, utils/loss.py)."""
 
 import numpy as np
 import pytest
 import torch
 from assign_helpers import anchors_for, assign
 
-from models.head import PeakConv
-from models.variants import VARIANTS
 from models.weights import model_from_checkpoint
-from models.yolo import YOLO, count_gflops
+from models.yolo import YOLO
 from utils.assigner import assign_targets, level_by_size
 from utils.loss import DetectionLoss, one_to_many_weight
 
@@ -34,47 +32,35 @@ def test_yolo26_trains_two_heads_without_dfl_and_answers_final_detections():
         assert model(torch.rand(1, 3, 160, 160)).shape == (1, 300, 6)  # 525 anchors: the best 300
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
-def test_each_yolo26_variant_changes_only_its_box_branches_and_a_checkpoint_rebuilds_it(name):
-    """--model 26n-d32, 11n-level etc. (the NMS-free variants measured on BCCD): the scale's network but for the box
-    branch of both heads (its bins per side, width, depthwise convs), still answering without NMS; val.py, detect.py and
-    export.py rebuild it from a checkpoint that names it. A joint variant's one-to-one loss trains the network too,
-    the others' leaves it to the one-to-many head."""
-    v = VARIANTS[name]
-    scale, bins, width, one2one_bins = v.scale, v.bins, v.box_width, v.one2one_bins
+def test_11n_e2e_changes_only_its_box_branches_trains_the_network_and_a_checkpoint_rebuilds_it():
+    """--model 11n-e2e: YOLO11n's network but for the box branch of both heads (DFL's 16 bins, 32 wide), answering
+    without NMS; its one-to-one loss trains the network too. val.py, detect.py and export.py rebuild it from a
+    checkpoint that names it, or its earlier name, 11n-d32-stable."""
     torch.manual_seed(0)
-    base, variant = YOLO(scale, nc=3), YOLO(name, nc=3)
-    # the network and the one-to-many class branch as the scale's (11n-level: YOLO11n's, which has no one-to-one head)
+    base, model = YOLO("11n", nc=3), YOLO("11n-e2e", nc=3)
+    # the network and the one-to-many class branch as 11n's (which has no one-to-one head)
     shapes = lambda m: {k: v.shape for k, v in m.state_dict().items() if "box." not in k and "one2one" not in k}  # noqa: E731
-    assert shapes(variant) == shapes(base) and variant.head.reg_max == bins
-    one2one_cls = [str(level) for level in variant.head.one2one_cls]  # a peak variant's ends in a PeakConv
-    assert one2one_cls == [str(level) for level in variant.head.cls] or v.peak
-    assert all(isinstance(level[-1], PeakConv) == v.peak for level in variant.head.one2one_cls)
-    for boxes in (variant.head.box, variant.head.one2one_box):
-        own = boxes is variant.head.one2one_box and one2one_bins  # the one-to-one head's own box branch
-        if own:  # exported as the model whose head it keeps: its one-to-many head does not run in the answer
-            exported = YOLO({"26n-aux": "26n", "11n-aux-stable": "11n-stable"}[name], nc=3)
-            assert [str(level) for level in boxes] == [str(level) for level in exported.head.one2one_box]
-            assert count_gflops(variant, 160) == count_gflops(exported, 160)
-            continue
-        assert all(level[-1].in_channels == width and level[-1].out_channels == 4 * bins for level in boxes)
-        grouped = [m for m in boxes.modules() if isinstance(m, torch.nn.Conv2d) and m.groups > 1]
-        assert len(grouped) == (6 if v.depthwise_box else 0)  # two depthwise 3x3 per level
-    maps = variant.train()(torch.rand(2, 3, 64, 96))
-    o = 4 * (one2one_bins or bins) + 3
+    assert shapes(model) == shapes(base) and model.head.reg_max == 16 and model.end2end
+    assert [str(level) for level in model.head.one2one_cls] == [str(level) for level in model.head.cls]
+    for boxes in (model.head.box, model.head.one2one_box):
+        assert all(level[-1].in_channels == 32 and level[-1].out_channels == 4 * 16 for level in boxes)
+    maps = model.train()(torch.rand(2, 3, 64, 96))
+    o = 4 * 16 + 3
     assert [tuple(m.shape) for m in maps["one2one"]] == [(2, o, 8, 12), (2, o, 4, 6), (2, o, 2, 3)]
-    # each head's loss reads its own bins (26n-aux: DFL one-to-many, L1 one-to-one); the parts are the one-to-one's
-    loss_fn = DetectionLoss(variant.head)
+    loss_fn = DetectionLoss(model.head)
     loss, parts = loss_fn(maps, torch.tensor([[0.0, 1, 10, 12, 40, 50], [1, 2, 50, 8, 90, 60]]))
-    assert torch.isfinite(loss) and (parts > 0).all() and loss_fn.names[2] == ("dfl" if o > 7 else "l1")
+    assert torch.isfinite(loss) and (parts > 0).all() and loss_fn.names[2] == "dfl"
     sum(m.sum() for m in maps["one2one"]).backward()
-    assert (variant.stem.conv.weight.grad is not None) == v.joint
-    ckpt = {"scale": name, "nc": 3, "names": ["a", "b", "c"], "imgsz": 64, "model": variant.state_dict()}
-    rebuilt, x = model_from_checkpoint(ckpt), torch.rand(1, 3, 160, 160)  # loaded strictly: every tensor fits
-    with torch.no_grad():
-        assert variant.eval()(x).shape == (1, 300, 6) and rebuilt.end2end  # 525 anchors: the best 300
-        rebuilt.end2end = variant.end2end = False  # per anchor (the top 300 of an untrained model are near ties)
-        assert torch.allclose(rebuilt(x), variant(x), atol=1e-4)
+    assert model.stem.conv.weight.grad is not None  # 26n's one-to-one head sees detached features (test above)
+    x = torch.rand(1, 3, 160, 160)
+    for name in ("11n-e2e", "11n-d32-stable"):
+        ckpt = {"scale": name, "nc": 3, "names": ["a", "b", "c"], "imgsz": 64, "model": model.state_dict()}
+        rebuilt = model_from_checkpoint(ckpt)  # loaded strictly: every tensor fits
+        with torch.no_grad():
+            assert model.eval()(x).shape == (1, 300, 6) and rebuilt.end2end and rebuilt.scale == "11n-e2e"
+            rebuilt.end2end = model.end2end = False  # per anchor (the top 300 of an untrained model are near ties)
+            assert torch.allclose(rebuilt(x), model(x), atol=1e-4)
+            model.end2end = True
 
 
 def test_yolo26_answers_with_its_one_to_many_head_for_nms_when_asked():
@@ -110,7 +96,7 @@ def test_yolo26_detections_are_the_best_anchor_class_pairs():
     assert out[:, 5].tolist() == [0, 1, 1, 2] and out[:, 0].tolist() == [1, 1, 4, 2]
 
 
-@pytest.mark.parametrize("name", ["26n", "26n-d32-joint"])
+@pytest.mark.parametrize("name", ["26n", "11n-e2e"])
 def test_yolo26_decodes_only_the_boxes_it_answers_with_and_answers_the_same(name):
     """The NMS-free answer picks its detections by score first and decodes only their boxes (DFL's softmax over
     300 anchors, not all of them): bitwise what decoding every anchor and then picking gives, with and without DFL."""
@@ -127,50 +113,27 @@ def test_yolo26_decodes_only_the_boxes_it_answers_with_and_answers_the_same(name
 
 
 def test_one_to_one_assignment_by_size_puts_each_object_on_one_level():
-    """--model 26n-level: each object's one-to-one positive lies on the level its size picks (under 64 px: stride 8,
+    """--model 11n-e2e: each object's one-to-one positive lies on the level its size picks (under 64 px: stride 8,
     under 128: 16, then 32), where the usual assignment takes whichever level aligns best (here not always that)."""
     _, strides = anchors_for(320)
     strides = strides.squeeze(-1)
     boxes = [(0, 20, 20, 70, 70), (1, 100, 100, 190, 190), (2, 10, 10, 300, 300)]  # sizes 50, 90, 290 px
     picked = {}
     for levels in (None, strides):
-        _, (_, _, fg, index) = assign([boxes], size=320, topk=7, keep=1, levels=levels, level_strides=8)
+        _, (_, _, fg, index) = assign([boxes], size=320, topk=7, keep=1, levels=levels)
         picked[levels is None] = sorted((int(index[0, a]), int(strides[a])) for a in fg[0].nonzero().flatten())
     assert picked[False] == [(0, 8), (1, 16), (2, 32)] and picked[True] != picked[False]
     sides = torch.tensor([[[0.0, 0, 63.9, 63.9], [0, 0, 64, 64], [0, 0, 32, 128], [0, 0, 127, 127], [0, 0, 900, 900]]])
-    chosen = level_by_size(sides, torch.tensor([8.0, 16, 32]), 8)  # one stride per box: each box's row has one True
+    chosen = level_by_size(sides, torch.tensor([8.0, 16, 32]))  # one stride per box: each box's row has one True
     assert chosen.sum(-1).tolist() == [[1] * 5] and chosen.float().argmax(-1).tolist() == [[0, 1, 1, 1, 2]]
-    coarser = level_by_size(sides, torch.tensor([8.0, 16, 32]), level_strides=4)  # -l4: under 32 px at stride 8
-    assert coarser.float().argmax(-1).tolist() == [[1, 2, 2, 2, 2]]
-    assert DetectionLoss(YOLO("26n-level", nc=3).head).assignment.level_strides == 8
-    assert DetectionLoss(YOLO("26n-joint", nc=3).head).assignment.level_strides == 0
-
-
-def test_one_to_one_positive_nearest_the_centre_stays_as_the_predictions_change():
-    """--model 11n-d32-centre: each object's one-to-one positive is the candidate anchor nearest its centre, on the
-    level its size picks, whatever the predictions; chosen by alignment (11n-d32-level) it follows the predictions."""
-    anchors, strides = anchors_for(320)
-    strides = strides.squeeze(-1)
-    boxes = [(0, 20, 20, 70, 70), (1, 100, 100, 190, 190)]  # centres (45, 45) and (145, 145): 50 px and 90 px
-    moved = torch.cat((anchors - 8, anchors + 8), 1)
-    moved[((anchors - 28) ** 2).sum(1).argmin()] = torch.tensor([20.0, 20, 70, 70])  # one off-centre anchor fits box 0
-    picked = {}
-    for nearest in (True, False):
-        for name, pred in (("plain", None), ("moved", moved[None])):
-            _, (_, _, fg, index) = assign(
-                [boxes], 320, pred_boxes=pred, topk=7, keep=1, levels=strides, level_strides=8, nearest=nearest
-            )
-            picked[nearest, name] = sorted((int(index[0, a]), *anchors[a].tolist()) for a in fg[0].nonzero().flatten())
-    assert picked[True, "plain"] == picked[True, "moved"] == [(0, 44.0, 44.0), (1, 152.0, 152.0)]  # 1 and 7 px off
-    assert picked[False, "moved"][0] == (0, 28.0, 28.0) != picked[False, "plain"][0]  # by alignment: it follows
-    assert DetectionLoss(YOLO("11n-d32-centre", nc=3).head).assignment.nearest
-    assert not DetectionLoss(YOLO("11n-d32-level", nc=3).head).assignment.nearest
+    assert DetectionLoss(YOLO("11n-e2e", nc=3).head).assignment.by_level
+    assert not DetectionLoss(YOLO("26n", nc=3).head).assignment.by_level  # Ultralytics' rule
 
 
 def test_one_to_one_positive_led_by_the_score_stays_on_the_anchor_that_answers():
-    """--model 11n-d32-stable: the one-to-one positive is chosen by score * IoU ** 2, so an anchor that answers the
-    object with a high score keeps it against a neighbour whose box fits a little better; by the usual score ** 0.5 *
-    IoU ** 6 (11n-d32-level, Ultralytics) the better box takes it, whatever the scores."""
+    """--model 11n-e2e: the one-to-one positive is chosen by score * IoU ** 2, so an anchor that answers the object
+    with a high score keeps it against a neighbour whose box fits a little better; by the usual score ** 0.5 *
+    IoU ** 6 (26n, Ultralytics) the better box takes it, whatever the scores."""
     anchors, _ = anchors_for(64)
     gt_boxes, gt_labels, gt_mask = torch.tensor([[[16.0, 16, 48, 48]]]), torch.zeros(1, 1, 1), torch.ones(1, 1, 1)
     scores = torch.full((1, len(anchors), 3), 0.05)
@@ -184,24 +147,23 @@ def test_one_to_one_positive_led_by_the_score_stays_on_the_anchor_that_answers()
                                      alpha=alpha, beta=beta)  # fmt: skip
         chosen[beta] = fg[0].nonzero().flatten().tolist()
     assert chosen == {6.0: [fits], 2.0: [answers]}
-    assert DetectionLoss(YOLO("11n-d32-stable", nc=3).head).assignment.one2one_alignment == (1.0, 2.0)
-    assert DetectionLoss(YOLO("11n-d32-level", nc=3).head).assignment.one2one_alignment == (0.5, 6.0)
+    assert DetectionLoss(YOLO("11n-e2e", nc=3).head).assignment.one2one_alignment == (1.0, 2.0)
+    assert DetectionLoss(YOLO("26n", nc=3).head).assignment.one2one_alignment == (0.5, 6.0)
 
 
-@pytest.mark.parametrize("name", ["11n-d32-stable", "11n-d32-stable-both"])
-def test_each_branch_is_assigned_with_its_own_alignment(name, monkeypatch):
-    """--model 11n-d32-stable-both: the one-to-many positives too are chosen by score * IoU ** 2; 11n-d32-stable keeps
-    the usual score ** 0.5 * IoU ** 6 there. Read from the loss's two assignments of a training step."""
+def test_each_branch_is_assigned_with_its_own_alignment(monkeypatch):
+    """11n-e2e: the one-to-one positives are chosen by score * IoU ** 2, the one-to-many ones by the usual score ** 0.5
+    * IoU ** 6. Read from the loss's two assignments of a training step."""
     used, fp32_loss = {}, DetectionLoss.fp32_loss
 
     def spy(self, maps, padded, keep=None, **settings):
-        used["one2one" if keep == 1 else "one2many"] = settings.get("alignment")
+        used["one2one" if keep == 1 else "one2many"] = settings.get("alignment", (0.5, 6.0))
         return fp32_loss(self, maps, padded, keep=keep, **settings)
 
     monkeypatch.setattr(DetectionLoss, "fp32_loss", spy)
-    model = YOLO(name, nc=3).train()
+    model = YOLO("11n-e2e", nc=3).train()
     DetectionLoss(model.head)(model(torch.rand(1, 3, 64, 64)), torch.tensor([[0, 0, 8, 8, 40, 36]]))
-    assert used == {"one2one": (1.0, 2.0), "one2many": (1.0, 2.0) if name.endswith("both") else (0.5, 6.0)}
+    assert used == {"one2one": (1.0, 2.0), "one2many": (0.5, 6.0)}
 
 
 def test_yolo26_loss_one_positive_per_object_progressive_weight_and_it_learns():
@@ -230,28 +192,3 @@ def test_yolo26_loss_one_positive_per_object_progressive_weight_and_it_learns():
     one2one = loss_fn.fp32_loss(maps["one2one"], padded, topk=7, keep=1)[0]
     one2many = loss_fn.fp32_loss(maps["one2many"], padded)[0]
     assert torch.allclose(late, 0.1 * one2many + 0.9 * one2one)
-
-
-def test_consistent_matching_gives_the_one_to_one_head_an_anchor_the_one_to_many_head_chose():
-    """--model 26n-cm (YOLOv10's consistent matching): the one-to-many branch's predictions, not the one-to-one
-    branch's own, choose the one-to-one branch's anchor per object, so each is among the one-to-many's positives;
-    26n-joint, the same network, keeps choosing by its own predictions."""
-    torch.manual_seed(0)
-    model = YOLO("26n-cm", nc=3).train()
-    with torch.no_grad():  # the two branches start as copies: tell them apart
-        for level in [*model.head.one2one_cls, *model.head.one2one_box]:
-            level[-1].weight.normal_(0, 0.3)
-    images = torch.rand(2, 3, 64, 64)
-    targets = torch.tensor([[0, 0, 8, 8, 40, 36], [0, 2, 30, 30, 60, 62], [1, 1, 4, 20, 24, 44], [1, 0, 20, 4, 56, 30]])
-    maps, loss_fn = model(images), DetectionLoss(model.head, epochs=10)
-    loss_fn.epoch = 9  # 0.1 one-to-many, 0.9 one-to-one
-    padded = loss_fn.padded(targets, images)
-    many, one = maps["one2many"], maps["one2one"]
-    guided = loss_fn.fp32_loss(one, padded, topk=7, keep=1, guide=many)[0]
-    assert torch.allclose(loss_fn(maps, targets)[0], 0.1 * loss_fn.fp32_loss(many, padded)[0] + 0.9 * guided)
-    assert not torch.allclose(guided, loss_fn.fp32_loss(one, padded, topk=7, keep=1)[0])  # the guide matters
-    _, _, logits, boxes, anchors, strides = loss_fn.predictions(many)
-    fg_many = loss_fn.assign(logits, boxes, anchors, strides, padded, dict(topk=10, keep=None))[2]
-    fg_one = loss_fn.assign(logits, boxes, anchors, strides, padded, dict(topk=7, keep=1))[2]
-    assert fg_one.sum(1).tolist() == [2, 2] and (fg_one <= fg_many).all()
-    assert not DetectionLoss(YOLO("26n-joint", nc=3).head).assignment.consistent

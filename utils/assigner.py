@@ -23,33 +23,28 @@ TINY_SIDE = 8.5
 # (alpha, beta) of the alignment score ** alpha * IoU ** beta: TOOD's and YOLOv8's, and the default of every branch
 # (a one-to-one head may choose its own: DualAssignment below)
 ALIGNMENT = (0.5, 6.0)
+# level_by_size: an object is detected on the finest level it spans fewer than this many strides of
+LEVEL_STRIDES = 8
 
 
 class DualAssignment(NamedTuple):
-    """How utils/loss.py picks the positives of a head's two branches when it has a one-to-one (NMS-free) copy
-    (YOLO26: models/head.py Detect.assignment). The defaults are Ultralytics' and YOLOv10's; models/variants.py names
-    the combinations measured on BCCD (bench/RESULTS.md "NMS-free on BCCD")."""
+    """How utils/loss.py picks the one-to-one (NMS-free) branch's positives (models/head.py Detect.assignment). The
+    defaults are Ultralytics' YOLO26's; E2E_ASSIGNMENT is 11n-e2e's (docs/yolo26.md says what else was tried)."""
 
-    # True ("-cm"): the one-to-many branch's predictions choose the one-to-one branch's anchors and target scores, as
-    # YOLOv10's consistent matching intends; False: its own predictions do
-    consistent: bool = False
-    # 8 ("-level"): an object's one-to-one positive lies on the finest level it spans fewer than this many strides of
-    # (level_by_size), so that an object whose size suits two levels is not answered on both; 0: on whichever level
-    # aligns best, as in Ultralytics
-    level_strides: int = 0
-    # True ("-centre"): that positive is the candidate nearest the object's centre, the same anchor in every step;
-    # False: the best aligned by the predictions (choose_positives)
-    nearest: bool = False
-    # (alpha, beta) of each branch's alignment. (1.0, 2.0) for the one-to-one branch ("-stable") lets the score
-    # lead: the positive stays on the anchor that answers the object best unless a neighbour's box is much better
+    # True: an object's one-to-one positive lies on the one level its size picks (level_by_size), so that an object
+    # whose size suits two levels is not answered on both; False: on whichever level aligns best, as in Ultralytics
+    by_level: bool = False
+    # (alpha, beta) of the one-to-one branch's alignment. (1.0, 2.0) lets the score lead: the positive stays on the
+    # anchor that answers the object best unless a neighbour's box is much better
     one2one_alignment: tuple = ALIGNMENT
-    one2many_alignment: tuple = ALIGNMENT
+
+
+E2E_ASSIGNMENT = DualAssignment(by_level=True, one2one_alignment=(1.0, 2.0))
 
 
 @torch.no_grad()
 def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask, topk=10, alpha=ALIGNMENT[0],
-                   beta=ALIGNMENT[1], tiny_box=TINY_SIDE, device=None, keep=None, levels=None, level_strides=0,
-                   nearest=False):  # fmt: skip
+                   beta=ALIGNMENT[1], tiny_box=TINY_SIDE, device=None, keep=None, levels=None):  # fmt: skip
     """
     pred_scores: (b, A, nc) probabilities;  pred_boxes: (b, A, 4) xyxy pixels;  anchors: (A, 2) pixels
     gt_labels: (b, n, 1);  gt_boxes: (b, n, 4) xyxy pixels;  gt_mask: (b, n, 1), 1 for real boxes (rest is padding)
@@ -58,10 +53,8 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
     device: where to compute ("cpu" for the OOM retry); results come back on pred_scores' device.
     keep: after the top-k and the one-box-per-anchor rule, each box keeps only its `keep` best anchors by alignment
           (YOLO26's one-to-one branch: topk 7, keep 1, one positive per object); None keeps all.
-    levels, level_strides: (A,) each anchor's stride in pixels, and a number of strides (DualAssignment's field):
-            both given, a box's candidates are only the anchors of the one level its size picks (level_by_size);
-            else every level's.
-    nearest: with keep, each box's positives are the candidates nearest its centre (choose_positives).
+    levels: (A,) each anchor's stride in pixels: given, a box's candidates are only the anchors of the one level its
+            size picks (level_by_size); None: every level's.
     Returns target_boxes (b, A, 4), target_scores (b, A, nc), foreground mask (b, A) bool,
     and the index of the assigned box per anchor (b, A).
     """
@@ -83,8 +76,8 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
     # Every (box, anchor) pair is computed, padding included, and masked with torch.where: a boolean-mask gather
     # of the valid pairs would make the host wait for the GPU (its size depends on the data).
     valid = candidates(anchors, gt_boxes, gt_mask, tiny_box)  # b, n, A
-    if levels is not None and level_strides:
-        valid &= level_by_size(gt_boxes, levels.to(valid.device), level_strides)
+    if levels is not None:
+        valid &= level_by_size(gt_boxes, levels.to(valid.device))
 
     # Alignment metric; 0 outside the candidates.
     batch_index = torch.arange(b, device=gt_labels.device).view(-1, 1).expand(-1, n)
@@ -95,31 +88,21 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
     alignment = box_scores.pow(alpha) * overlaps.pow(beta)
     del box_scores
 
-    distance = None
-    if nearest and keep is not None:
-        centre = (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2
-        distance = (anchors - centre[:, :, None]).pow(2).sum(-1)  # b, n, A
-    positive = choose_positives(alignment, overlaps, valid, min(topk, num_anchors), keep, distance)
+    positive = choose_positives(alignment, overlaps, valid, min(topk, num_anchors), keep)
     return tuple(t.to(home) for t in soft_targets(gt_labels, gt_boxes, positive, alignment, overlaps, nc))
 
 
-def choose_positives(alignment, overlaps, valid, k, keep, distance=None):
+def choose_positives(alignment, overlaps, valid, k, keep):
     """(b, n, A) 0/1: each box's positive anchors. Its top-k candidates by alignment (ties broken by topk's order);
-    then, with keep, the `keep` best of those. distance (b, n, A), given with keep: instead, the `keep` candidates
-    nearest the box centre, whatever their alignment: the same anchor in every step (a one-to-one head's positive
-    chosen by alignment moves between neighbours as the predictions change). An anchor claimed by several boxes keeps
-    only the box it overlaps most."""
-    if distance is not None:
-        nearest = torch.where(valid, -distance, -torch.inf).topk(min(keep, k), -1).indices
-        positive = torch.zeros_like(alignment).scatter_(-1, nearest, 1) * valid
-    else:
-        in_topk = torch.zeros_like(alignment, dtype=torch.bool).scatter_(-1, alignment.topk(k, -1).indices, True)
-        positive = (in_topk & valid).to(alignment.dtype)  # b, n, A
+    then, with keep, the `keep` best of those. An anchor claimed by several boxes keeps only the box it overlaps
+    most."""
+    in_topk = torch.zeros_like(alignment, dtype=torch.bool).scatter_(-1, alignment.topk(k, -1).indices, True)
+    positive = (in_topk & valid).to(alignment.dtype)  # b, n, A
     # computed whether or not any anchor is claimed twice: asking would be a host sync
     multi = (positive.sum(1) > 1).unsqueeze(1)  # b, 1, A
     best = torch.zeros_like(positive).scatter_(1, overlaps.argmax(1, keepdim=True), 1)
     positive = torch.where(multi, best, positive)
-    if distance is None and keep is not None and keep < k:
+    if keep is not None and keep < k:
         best_anchors = (alignment * positive).topk(keep, -1).indices  # b, n, keep (0 where none: not positive)
         positive = positive * torch.zeros_like(positive).scatter_(-1, best_anchors, 1)
     return positive
@@ -139,18 +122,18 @@ def candidates(anchors, gt_boxes, gt_mask, tiny_box):
     return (inside > 1e-9) & gt_mask.bool()
 
 
-def level_by_size(gt_boxes, strides, level_strides):
+def level_by_size(gt_boxes, strides):
     """(b, n, A) bool: the anchors of the one level at which each box is detected, by its size alone (sqrt(w * h)):
-    the finest level it spans fewer than `level_strides` strides of (8: below 64 px at stride 8), one level coarser
-    per doubling, the coarsest above.
+    the finest level it spans fewer than LEVEL_STRIDES strides of (below 64 px at stride 8), one level coarser per
+    doubling, the coarsest above.
     For a one-to-one head: where its one positive per object may lie on any level, an object whose size suits two
     (BCCD's red cells at 320 px, between strides 8 and 16) is the positive of one level in one step and of the
     other in the next, and both levels' branches learn to answer it: the same object twice, a duplicate that only NMS
     would remove (bench/RESULTS.md "NMS-free on BCCD")."""
     wh = (gt_boxes[..., 2:] - gt_boxes[..., :2]).clamp(min=1e-6)
     finest, coarsest = strides.min(), strides.max()
-    # b, n: 0 below level_strides finest strides, 1 below twice that, ...
-    level = (wh.prod(-1).sqrt() / (level_strides / 2 * finest)).log2().floor()
+    # b, n: 0 below LEVEL_STRIDES finest strides, 1 below twice that, ...
+    level = (wh.prod(-1).sqrt() / (LEVEL_STRIDES / 2 * finest)).log2().floor()
     return strides == (finest * 2**level).clamp(finest, coarsest).unsqueeze(-1)
 
 

@@ -35,12 +35,6 @@ def make_anchors(maps, strides, offset=0.5):
     return torch.cat(points), torch.cat(stride_column)
 
 
-def bins_per_side(channels, nc):
-    """The box bins per side (reg_max) of a head's output with `channels` per anchor: 4 sides of bins, then the nc
-    class logits. Each of YOLO26's two heads may have its own (Detect's one2one_reg_max)."""
-    return (channels - nc) // 4
-
-
 def dfl_decode(distri, bins):
     """DFL: (..., 4 * reg_max) logits -> (..., 4) side distances in grid units, each the expectation
     of the softmax over its reg_max bins. `bins`: torch.arange(reg_max) (any device and dtype)."""

@@ -20,14 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from utils.assigner import ALIGNMENT, TINY_SIDE, DualAssignment, assign_targets
-from utils.boxes import (
-    bins_per_side,
-    boxes_to_distances,
-    complete_iou_loss,
-    dfl_decode,
-    distances_to_boxes,
-    make_anchors,
-)
+from utils.boxes import boxes_to_distances, complete_iou_loss, dfl_decode, distances_to_boxes, make_anchors
 
 log = logging.getLogger("yolo")
 
@@ -141,9 +134,7 @@ class DetectionLoss:
         o2m_final=0.1,
     ):
         self.nc, self.strides = head.nc, head.strides
-        # the box bins of the branch whose parts are reported: the one-to-one head's where there is one (it may have
-        # its own: Detect's one2one_reg_max); each branch's loss reads its bins from its maps
-        self.reg_max = head.one2one_reg_max if getattr(head, "one_to_one", False) else head.reg_max
+        self.reg_max = head.reg_max  # the box bins per side, of both heads where there are two
         # The loss parts, in the order of `parts` (fp32_loss's `terms`), named here and nowhere else: results.csv's
         # columns (`columns`, `val_columns`), the validation losses, the progress bar and the log all read these. A
         # new term: its name here, its gain below (its flag: utils/hyperparameters.py, handed over by train.py), its
@@ -179,15 +170,10 @@ class DetectionLoss:
             if not isinstance(maps, dict):
                 return self.fp32_loss([m.float() for m in maps], self.padded(targets, maps[0]))
             padded = self.padded(targets, maps["one2many"][0])  # once for both branches: one host read
-            many = [m.float() for m in maps["one2many"]]
-            rule = self.assignment
-            one2many = self.fp32_loss(many, padded, alignment=rule.one2many_alignment)
-            guide = many if rule.consistent else None
-            o2o = [m.float() for m in maps["one2one"]]
-            o2o_settings = dict(
-                level_strides=rule.level_strides, nearest=rule.nearest, alignment=rule.one2one_alignment
-            )
-            one2one = self.fp32_loss(o2o, padded, topk=7, keep=1, guide=guide, **o2o_settings)
+            one2many = self.fp32_loss([m.float() for m in maps["one2many"]], padded)
+            o2o, rule = [m.float() for m in maps["one2one"]], self.assignment
+            o2o_rule = dict(by_level=rule.by_level, alignment=rule.one2one_alignment)
+            one2one = self.fp32_loss(o2o, padded, topk=7, keep=1, **o2o_rule)
             weight = one_to_many_weight(self.epoch, self.epochs, self.o2m_final)
             return one2many[0] * weight + one2one[0] * (1 - weight), one2one[1]
 
@@ -203,32 +189,24 @@ class DetectionLoss:
         """One branch's maps as (box bins per side, box outputs (DFL logits, or the 4 distances without DFL), class
         logits, boxes in grid units, anchors in grid units, each anchor's stride)."""
         flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)  # b, A, 4*reg_max + nc
-        reg_max = bins_per_side(flat.shape[-1], self.nc)  # this branch's (YOLO26's heads may differ)
+        reg_max = self.reg_max
         pred_distri, pred_logits = flat.split((4 * reg_max, self.nc), 2)
         anchors, strides = make_anchors(maps, self.strides)
         bins = torch.arange(reg_max, device=flat.device, dtype=flat.dtype)
         pred_distances = dfl_decode(pred_distri, bins) if reg_max > 1 else pred_distri
         return reg_max, pred_distri, pred_logits, distances_to_boxes(pred_distances, anchors), anchors, strides
 
-    def fp32_loss(
-        self, maps, padded, topk=None, keep=None, guide=None, level_strides=0, nearest=False, alignment=ALIGNMENT
-    ):
-        """One branch's (total, parts); padded: (gt, gt_mask) from DetectionLoss.padded. guide: another branch's
-        maps whose predictions choose this branch's anchors and target scores (consistent matching); None: its own.
-        level_strides: each object's anchors come from the one level its size picks, the finest it spans fewer than
-        this many strides of (utils/assigner.py level_by_size); 0: from every level.
-        nearest: its `keep` anchors are the candidates nearest its centre (utils/assigner.py choose_positives).
+    def fp32_loss(self, maps, padded, topk=None, keep=None, by_level=False, alignment=ALIGNMENT):
+        """One branch's (total, parts); padded: (gt, gt_mask) from DetectionLoss.padded. by_level: each object's
+        anchors come from the one level its size picks (utils/assigner.py level_by_size), else from every level.
         alignment: (alpha, beta) of the assignment's score ** alpha * IoU ** beta (utils/assigner.py)."""
         b = maps[0].shape[0]
         topk = topk or self.topk
         reg_max, pred_distri, pred_logits, pred_boxes, anchors, strides = self.predictions(maps)
-        guide_logits, guide_boxes = (pred_logits, pred_boxes) if guide is None else self.predictions(guide)[2:4]
         alpha, beta = alignment
-        levels = strides.squeeze(-1)  # read only with level_strides
-        settings = dict(
-            topk=topk, keep=keep, levels=levels, level_strides=level_strides, nearest=nearest, alpha=alpha, beta=beta
-        )
-        target_boxes, target_scores, fg = self.assign(guide_logits, guide_boxes, anchors, strides, padded, settings)
+        levels = strides.squeeze(-1) if by_level else None
+        settings = dict(topk=topk, keep=keep, levels=levels, alpha=alpha, beta=beta)
+        target_boxes, target_scores, fg = self.assign(pred_logits, pred_boxes, anchors, strides, padded, settings)
         score_sum = target_scores.sum().clamp(min=1)
         loss_cls = self.class_term(pred_logits, target_scores) / score_sum
 
@@ -260,7 +238,7 @@ class DetectionLoss:
             gt[..., 1:],
             gt_mask,
         )
-        settings = dict(settings, tiny_box=self.tiny_box)  # topk, keep, levels, level_strides, nearest, alpha, beta
+        settings = dict(settings, tiny_box=self.tiny_box)  # topk, keep, levels, alpha, beta
         try:
             assigned = assign_targets(*inputs, **settings)
         except torch.OutOfMemoryError:
