@@ -1,5 +1,5 @@
-"""Export a checkpoint to ONNX, TorchScript, OpenVINO and TFLite, in fp32, fp16 or INT8; check each file against
-PyTorch and score its mAP next to the checkpoint's.
+"""Export a checkpoint to ONNX, TorchScript, OpenVINO, TFLite, NCNN, MNN, ExecuTorch, Core ML or TensorRT, in fp32,
+fp16 or INT8; check each file against PyTorch and score its mAP next to the checkpoint's.
 
     python export.py --onnx                              # newest runs/train/*/weights/best.pt -> best.onnx
     python export.py --weights best.pt --onnx --torchscript --imgsz 640
@@ -10,10 +10,15 @@ PyTorch and score its mAP next to the checkpoint's.
     python export.py --openvino --int8                   # best_int8_openvino_model/, calibrated on --data's images
     python export.py --onnx --int8                       # best_int8.onnx (ONNX Runtime static quantization, QDQ)
     python export.py --tflite                            # best.tflite (LiteRT, for phones; fp32)
+    python export.py --ncnn --mnn --executorch           # best_ncnn_model/, best.mnn, best.pte (Android; --half too)
+    python export.py --coreml                            # best.mlpackage (iOS; written and its spec checked anywhere,
+                                                         #   run and scored on macOS only)
+    python export.py --engine --half --workspace 4       # best.engine (TensorRT, on the NVIDIA GPU that will run it;
+                                                         #   --int8, --dynamic up to --batch images)
     python export.py --benchmark                         # every format: size, mAP, latency, speed-up, one table
 
 The files are written next to the weights (best.onnx, best.torchscript, best_openvino_model/, best_int8.onnx,
-best_int8_openvino_model/, best.tflite). Conv+BN are fused first, so the graph holds no BatchNorm and nothing else
+best_int8_openvino_model/, best.tflite, best_ncnn_model/, best.mnn, best.pte, best.mlpackage, best.engine). Conv+BN are fused first, so the graph holds no BatchNorm and nothing else
 that only training uses. Each format is one row of the table in utils/export/formats.py: its flag, file name, the
 options it takes, the packages it needs (a missing one: one sentence with that format's pip line), and its write
 and load functions.
@@ -38,7 +43,7 @@ INT8 (--int8) is post-training quantization calibrated on --calib-images images 
 --data (default: the dataset the checkpoint was trained on), letterboxed exactly as at inference. The layers that
 KEEP_FLOAT (utils/export/writers.py) names stay in float: quantizing them costs mAP for no speed (docs/deploy.md, INT8).
 
-After writing, each file is run (ONNX Runtime / TorchScript / OpenVINO / LiteRT) on a dataset image (or a generated
+After writing, each file is run in its own runtime on a dataset image (or a generated
 one) next to PyTorch. The largest differences of the raw outputs and of the detections, and the median latencies are
 printed. The exit code is non-zero if they disagree: raw outputs beyond a relative and absolute tolerance of 1e-3
 (1e-2 in fp16; an OpenVINO fp16 IR is judged by its detections, INT8 files by their mAP only), or detections that
@@ -47,7 +52,8 @@ have no counterpart of the same class (IoU > 0.5) or whose scores differ by more
 Then the accuracy gate: the exported file and the checkpoint are both evaluated (pycocotools mAP50-95, val.py's
 settings) on the validation split of --data, or its first --val-images; a drop larger than --max-map-drop (default
 0.002 for fp32 and fp16, 0.01 for INT8) exits non-zero with one sentence naming the file, both figures and what to
-try. A checkpoint with no dataset of ours (an Ultralytics file without --data) skips the gate, saying so.
+try, and the file that failed is renamed <name>.rejected, so that nothing ships it by its name. A checkpoint with
+no dataset of ours (an Ultralytics file without --data) skips the gate, saying so.
 """
 
 import argparse
@@ -64,21 +70,14 @@ from utils.boxes import non_max_suppression
 from utils.checkpoints.ours import CheckpointError, weights_or_newest
 from utils.data.dataset_yaml import DatasetError, load_dataset_yaml
 from utils.data.images import read_image
-from utils.data.labels import list_images, load_verified
-from utils.data.loader import ValDataset, make_loader
+from utils.data.labels import list_images
 from utils.distributed import select_device
-from utils.evaluate import evaluate
 from utils.export import formats as export_formats
 from utils.export.formats import OPTIONS, a_or_an, file_size, installed, joined, label, missing_sentence, output_path
+from utils.export.gate import Scores, gate, print_benchmark, set_aside
+from utils.export.mobile import check_coreml_spec
 from utils.export.writers import ExportError, ModelWithNMS, written_at_once
-from utils.inference import compare_detections, from_pytorch, load_exported, median_latency, postprocess, preprocess
-
-MAX_MAP_DROP = {"fp32": 0.002, "fp16": 0.002, "int8": 0.01}
-GATE_ADVICE = {  # what to try when a file of this precision fails the gate
-    "int8": "export without --int8, or calibrate on more images (--calib-images)",
-    "fp16": "export without --half",
-    "fp32": "the export is broken: look at the raw-output differences above, or try another --opset",
-}
+from utils.inference import compare_detections, load_exported, median_latency, postprocess, preprocess
 
 
 def format_help(row, default):
@@ -114,6 +113,7 @@ def parse_args(argv=None):
     add("--iou", type=float, default=0.7, help="NMS IoU threshold of --nms and of the check")
     add("--max-det", type=int, default=300)
     add("--simplify", action="store_true", help="simplify the ONNX graph (needs onnxslim or onnxsim)")
+    add("--workspace", type=float, default=0, help="--engine: the TensorRT builder's scratch memory, GiB (0: its own)")
     add("--device", default="cpu")
     source_help = "image for the check (default: the first val image of the checkpoint's dataset, else a generated one)"
     add("--source", default="", help=source_help)
@@ -141,6 +141,8 @@ def check_request(args):
         sys.exit("error: --simplify needs an ONNX simplifier: pip install onnxslim (or onnxsim)")
     if args.nms and args.opset < 11:
         sys.exit("error: --nms needs --opset 11 or newer (ONNX NonMaxSuppression)")
+    if args.workspace and not args.engine:
+        sys.exit("error: --workspace sizes the TensorRT builder's memory; give it with --engine")
     for row in rows:
         refused = [option for option in OPTIONS if option not in row.options]
         if getattr(args, row.name) and any(getattr(args, option) for option in refused):
@@ -155,6 +157,8 @@ def check_request(args):
     jobs = jobs_of(args)
     for row, precision in jobs:
         flags = f"--{row.name}" + (" --int8" if precision == "int8" else "")
+        if reason := row.cannot_write():
+            sys.exit(f"error: {flags} cannot be written on this machine: {reason}; export --onnx here instead")
         if missing := missing_sentence(flags, row.packages(precision)):
             sys.exit(f"error: {missing}")
     if export_formats.format_of(weights) is not None:
@@ -170,7 +174,9 @@ def jobs_of(args):
     jobs = []
     for row in export_formats.FORMATS:
         for precision in row.benchmark:
-            if missing := missing_sentence(f"{row.runtime} {precision}", row.packages(precision)):
+            if reason := row.cannot_run():
+                print(f"note: left out of the benchmark: {row.runtime} {precision}: {reason}")
+            elif missing := missing_sentence(f"{row.runtime} {precision}", row.packages(precision)):
                 print(f"note: left out of the benchmark: {missing}")
             else:
                 jobs.append((row, precision))
@@ -281,7 +287,7 @@ def write_all(weights, jobs, network, x32, args, metadata, calibration, data):
         module = ModelWithNMS(net, args.conf, args.iou, args.max_det).eval() if args.nms else net
         meta = dict(metadata, half=precision == "fp16", int8=precision == "int8")
         path = output_path(weights, row, precision, folder, tag_fp16=args.benchmark)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent.parent if row.folder else path.parent).mkdir(parents=True, exist_ok=True)  # not an empty one
         if precision == "int8":
             print(f"quantizing to INT8, calibrated on up to {args.calib_images} images of {data['yaml']} ...")
         try:  # written aside, then renamed: a kill or a full disk never leaves half a file that later loads
@@ -342,77 +348,19 @@ def check_all(written, network, x32, args, source):
     with torch.no_grad():
         torch_ms = median_latency(network, x32, args.runs)
     for path, row, precision, net, x, module in written:
+        if reason := row.cannot_run():  # written, not run: Core ML off macOS, its spec checked instead
+            spec = f"; its spec: {check_coreml_spec(path)}" if row.name == "coreml" else ""
+            print(f"{label(path):>24}: not run here ({reason}){spec}")
+            continue
         tolerance = 1e-2 if precision == "fp16" else 1e-3
         fp16_weights = precision == "fp16" and row.fp16_weights_only  # of an fp32 graph (OpenVINO): see check()
         parity = None if precision == "int8" else "detections" if fp16_weights else "raw"
         ok, latency[path] = check(path, net, module, x, args, tolerance, torch_ms, parity)
         if not ok:
             failures.append(
-                f"{label(path)} and PyTorch disagree beyond tolerance {tolerance} (relative, see above); "
-                "the file is written but should not be trusted"
+                (path, f"{label(path)} and PyTorch disagree beyond tolerance {tolerance} (relative, see above)")
             )
     return failures, latency, torch_ms
-
-
-class Scores:
-    """The accuracy gate's evaluations: mAP50-95 and mAP50 by pycocotools (val.py's settings) on the validation
-    split, or its first --val-images, for the checkpoint and each exported file, on the same images at the same
-    size (a file without --dynamic takes only its own size: the checkpoint is then scored at that size too)."""
-
-    def __init__(self, data, train_args, args, device):
-        self.records = load_verified(data["val"], data["nc"], "val") if data["val"] else None
-        if self.records is None or not len(self.records):
-            sys.exit(f"error: {data['yaml']} has no validation images to score the export on; give another --data")
-        if args.val_images:
-            self.records = self.records.take(np.arange(min(args.val_images, len(self.records))))
-        self.names, self.coco_json = data["names"], data["coco_json"]
-        if train_args.get("single_cls"):
-            self.records, self.names = self.records.single_class(), ["object"]
-        self.args, self.device, self.reference = args, device, {}
-
-    def __call__(self, model, imgsz):
-        fixed = None if model["dynamic"] else tuple(imgsz)
-        dataset = ValDataset(self.records, max(imgsz), self.args.batch_val, stride=model["stride"], shape=fixed)
-        loader = make_loader(dataset, batch_size=self.args.batch_val, workers=self.args.workers)
-        metrics = evaluate(model, loader, self.names, self.device, self.coco_json, conf=0.001, iou=0.7)["metrics"]
-        return metrics["mAP50-95"], metrics["mAP50"]
-
-    def checkpoint(self, network, dynamic, imgsz):
-        """The checkpoint's (mAP50-95, mAP50) as the exported file is scored (computed once per kind of input)."""
-        if dynamic not in self.reference:
-            model = {**from_pytorch(network, self.device), "dynamic": dynamic}
-            self.reference[dynamic] = self(model, imgsz)
-        return self.reference[dynamic]
-
-
-def gate(path, row, precision, scores, network, args, imgsz):
-    """Score the exported file and the checkpoint; print both. Returns (mAP50-95, mAP50, None or the sentence of
-    a failure)."""
-    model = load_exported(path, scores.device)
-    ours, ours50 = scores(model, imgsz)
-    reference, _ = scores.checkpoint(network, model["dynamic"], imgsz)
-    limit = MAX_MAP_DROP[precision] if args.max_map_drop is None else args.max_map_drop
-    n = len(scores.records)
-    print(
-        f"{label(path):>24}: mAP50-95 {ours:.4f} vs the checkpoint's {reference:.4f} on {n} val images "
-        f"(drop {reference - ours:+.4f}, allowed {limit})"
-    )
-    failure = (
-        f"{label(path)} ({row.runtime} {precision}) scores mAP50-95 {ours:.4f} against the checkpoint's "
-        f"{reference:.4f} on {n} val images, a drop of {reference - ours:.4f} > --max-map-drop {limit}: "
-        f"{GATE_ADVICE[precision]}"
-    )
-    return ours, ours50, None if reference - ours <= limit else failure
-
-
-def print_benchmark(weights, reference, torch_ms, written, results, latency):
-    """One row per format: file size, mAP50-95, mAP50 (pycocotools), median latency at batch 1, speed-up."""
-    rows = [("PyTorch", "fp32", file_size(weights), *reference, torch_ms)]
-    rows += [(row.runtime, p, file_size(path), *results[path], latency[path]) for path, row, p, *_ in written]
-    header = ("format", "precision", "size MB", "mAP50-95", "mAP50", "latency ms", "speed-up")
-    print("\n{:<14} {:<9} {:>8} {:>9} {:>7} {:>11} {:>8}".format(*header))
-    for name, precision, size, m, m50, ms in rows:
-        print(f"{name:<14} {precision:<9} {size / 1e6:>8.1f} {m:>9.4f} {m50:>7.4f} {ms:>11.1f} {torch_ms / ms:>7.2f}x")
 
 
 def main(argv=None):
@@ -434,13 +382,21 @@ def main(argv=None):
         print(f"accuracy gate on {data['yaml']}:")
         results = {}
         for path, row, precision, *_ in written:
+            if reason := row.cannot_run():
+                print(f"{label(path):>24}: not scored here: {reason}")
+                continue
             *results[path], failure = gate(path, row, precision, scores, network, args, imgsz)
-            failures += [failure] if failure else []
+            failures += [(path, failure)] if failure else []
         if args.benchmark:
             reference = scores.checkpoint(network, args.dynamic, imgsz)
             print_benchmark(weights, reference, torch_ms, written, results, latency)
-    if failures:
-        sys.exit("error: " + "\nerror: ".join(failures))
+    if failures:  # a file that failed keeps no name that val.py, detect.py or a glob for *.onnx would ship
+        sentences = {}
+        for path, sentence in failures:
+            sentences.setdefault(path, []).append(sentence)
+        sys.exit(
+            "\n".join(f"error: {sentence}" for path, said in sentences.items() for sentence in set_aside(path, said))
+        )
 
 
 if __name__ == "__main__":

@@ -104,6 +104,20 @@ def scale_boxes_to_original(boxes, ratio, pad, original_shape):
     return boxes
 
 
+def top_detections(decoded, max_det=300):
+    """An end-to-end (one-to-one) head's decoded output (batch, anchors, 4 + nc) -> its final detections (batch, k, 6)
+    x1 y1 x2 y2 score class, best first: the k = min(max_det, anchors) best (anchor, class) pairs among the k anchors
+    with the best top class (as Ultralytics' end-to-end head, so that its checkpoints give its detections); an anchor
+    may appear once per class. models/head.py answers so; a runtime without TopK (NCNN) gets it here."""
+    scores, nc = decoded[..., 4:], decoded.shape[-1] - 4
+    k = min(max_det, scores.shape[1])
+    anchors = scores.amax(2).topk(k, 1).indices  # b, k
+    best, index = scores.gather(1, anchors.unsqueeze(-1).expand(-1, -1, nc)).flatten(1).topk(k, 1)  # of k x nc pairs
+    anchor = anchors.gather(1, index // nc)
+    boxes = decoded[..., :4].gather(1, anchor.unsqueeze(-1).expand(-1, -1, 4))
+    return torch.cat((boxes, best.unsqueeze(-1), (index % nc).unsqueeze(-1).to(boxes.dtype)), 2)
+
+
 def non_max_suppression(
     predictions, conf=0.25, iou=0.7, classes=None, max_det=300, multi_label=False, max_candidates=30000, end2end=False
 ):

@@ -1,6 +1,6 @@
 """Inference shared by val.py, detect.py, export.py, models/predict.py and bench/: one small interface over a
-PyTorch model and every file export.py writes (ONNX, TorchScript, OpenVINO IR folder, TFLite), the preprocessing
-all of them get and the postprocessing of their outputs.
+PyTorch model and every file export.py writes (ONNX, TorchScript, OpenVINO, TFLite, NCNN, MNN, ExecuTorch, Core ML,
+TensorRT), the preprocessing all of them get and the postprocessing of their outputs.
 
 A loaded model is a plain dict:
 
@@ -92,6 +92,10 @@ def load_exported(path, device=torch.device("cpu")):
     row = export_formats.format_of(path)
     if row is None:
         raise CheckpointError(f"weights {path} must be a .pt checkpoint, {export_formats.kinds()} from export.py")
+    if reason := row.cannot_run():
+        raise CheckpointError(
+            f"{path} ({export_formats.a_or_an(row.title)} model) cannot run on this machine: {reason}"
+        )
     missing = export_formats.missing_sentence(f"{path} ({export_formats.a_or_an(row.title)} model)", row.run_packages)
     if missing:
         raise CheckpointError(missing)

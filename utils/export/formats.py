@@ -2,16 +2,28 @@
 what --benchmark writes, the packages each needs (and the pip line when one is missing), how a file is written and
 how load_exported (utils/inference.py) opens it all come from its rows.
 
-Adding a format is one row here, its write function (utils/export/writers.py) and its load function
-(utils/export/loaders.py). Nothing else names a format.
+Adding a format is one row here, its write function and its load function (utils/export/writers.py and loaders.py;
+the phone runtimes' in utils/export/mobile.py, TensorRT's in utils/export/tensorrt.py). Nothing else names a format.
 """
 
 import importlib.util
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 from utils.export.loaders import load_onnx, load_openvino, load_tflite, load_torchscript
+from utils.export.mobile import (
+    load_coreml,
+    load_executorch,
+    load_mnn,
+    load_ncnn,
+    write_coreml,
+    write_executorch,
+    write_mnn,
+    write_ncnn,
+)
+from utils.export.tensorrt import load_engine, no_gpu, write_engine
 from utils.export.writers import write_onnx, write_openvino, write_tflite, write_torchscript
 
 
@@ -26,6 +38,17 @@ OPENVINO = Package("openvino", "openvino")
 NNCF = Package("nncf", "nncf")
 LITERT_TORCH = Package("litert-torch", "litert_torch")  # converts; pulls in JAX, transformers, torchao (~0.9 GB)
 LITERT = Package("ai-edge-litert", "ai_edge_litert")  # the interpreter that runs a .tflite
+PNNX = Package("pnnx", "pnnx")  # PyTorch -> NCNN converter (a program in the wheel, ~30 MB)
+NCNN = Package("ncnn", "ncnn")
+MNN = Package("MNN", "MNN")  # runtime and converter in one wheel
+EXECUTORCH = Package("executorch", "executorch")  # lowers and runs; pulls in pandas, hydra, coremltools (~0.3 GB)
+COREMLTOOLS = Package("coremltools", "coremltools")  # converts anywhere, runs a model on macOS only
+TENSORRT = Package("tensorrt", "tensorrt")  # NVIDIA's; needs a GPU to build or run an engine
+
+
+def not_macos():
+    return None if sys.platform == "darwin" else "Core ML runs only on macOS"
+
 
 OPTIONS = ("half", "int8", "nms", "dynamic")  # the export.py flags that a format may refuse
 
@@ -46,6 +69,8 @@ class ExportFormat:
     folder: bool = False  # written as <stem>_<name>_model/<stem><suffix> beside the files it needs (OpenVINO's .bin)
     refusal: str = ""  # why it refuses the OPTIONS it does not take: "--tflite <refusal>; leave out --half, ..."
     fp16_weights_only: bool = False  # --half stores fp16 weights of the fp32 graph, so fp16 raw outputs move
+    cannot_run: Callable = lambda: None  # why this machine cannot run such a file (Core ML off macOS), or None
+    cannot_write: Callable = lambda: None  # why it cannot write one (TensorRT without a GPU), or None
 
     def packages(self, precision="fp32"):
         """Everything that writing and checking a file in `precision` needs, in the order of its pip line."""
@@ -100,6 +125,72 @@ FORMATS = (
         write_packages=(LITERT_TORCH,),
         refusal="exports the fp32 network at a fixed size",
     ),
+    ExportFormat(
+        "ncnn",
+        "NCNN",
+        "NCNN",
+        ".param",
+        write_ncnn,
+        load_ncnn,
+        options=("half",),
+        run_packages=(NCNN,),
+        write_packages=(PNNX,),
+        folder=True,
+        refusal="exports the network at a fixed size (fp32, or fp16 weights with --half)",
+        fp16_weights_only=True,
+    ),
+    ExportFormat(
+        "mnn",
+        "MNN",
+        "MNN",
+        ".mnn",
+        write_mnn,
+        load_mnn,
+        options=("half",),
+        run_packages=(MNN,),
+        write_packages=(ONNX,),  # converted from the fp32 ONNX graph
+        refusal="exports the network at a fixed size (fp32, or fp16 weights with --half)",
+        fp16_weights_only=True,
+    ),
+    ExportFormat(
+        "executorch",
+        "ExecuTorch",
+        "ExecuTorch",
+        ".pte",
+        write_executorch,
+        load_executorch,
+        options=(),
+        run_packages=(EXECUTORCH,),
+        refusal="exports the fp32 network at a fixed size (XNNPACK)",
+    ),
+    ExportFormat(
+        "coreml",
+        "Core ML",
+        "Core ML",
+        ".mlpackage",
+        write_coreml,
+        load_coreml,
+        options=("half",),
+        run_packages=(COREMLTOOLS,),
+        refusal="exports the network at a fixed size (fp32, or fp16 compute with --half)",
+        cannot_run=not_macos,
+    ),
+    ExportFormat(
+        "engine",
+        "TensorRT",
+        "TensorRT",
+        ".engine",
+        write_engine,
+        load_engine,
+        options=("half", "int8", "dynamic"),
+        benchmark=("fp16", "int8"),
+        run_packages=(TENSORRT,),
+        write_packages=(ONNX,),
+        int8_packages=(ONNXRUNTIME,),  # its QDQ graph is calibrated by ONNX Runtime, as --onnx --int8's
+        refusal="builds its engine from the raw network, with NMS after it",
+        cannot_run=no_gpu,
+        cannot_write=no_gpu,
+    ),
 )
 
 
@@ -108,11 +199,12 @@ def by_name(name):
 
 
 def format_of(path):
-    """The row of an exported file (by its suffix) or folder (the folder format's), else None."""
+    """The row of an exported file (by its suffix: a Core ML .mlpackage is a folder too) or folder (the folder
+    format whose file it holds: OpenVINO's .xml, NCNN's .param), else None."""
     path = Path(path)
     row = next((row for row in FORMATS if path.suffix == row.suffix), None)
     if row is None and path.is_dir():
-        row = next((row for row in FORMATS if row.folder), None)
+        row = next((row for row in FORMATS if row.folder and any(path.glob(f"*{row.suffix}"))), None)
     return row
 
 
@@ -144,7 +236,8 @@ def a_or_an(word):
 
 
 def kinds():
-    """What load_exported takes, in words: "an .onnx, .torchscript or .tflite file or an OpenVINO folder"."""
+    """What load_exported takes, in words: "an .onnx, .torchscript, ... or .engine file or an OpenVINO or NCNN
+    folder"."""
     files = [row.suffix for row in FORMATS if not row.folder]
     folders = [row.title for row in FORMATS if row.folder]
     text = f"an {joined(files, 'or')} file" if files else ""
@@ -170,9 +263,10 @@ def label(path):
 
 
 def file_size(path):
-    """Bytes on disk: the file, or for a folder format every file in its folder (OpenVINO: the .xml and its .bin)."""
+    """Bytes on disk: the file, for a folder format every file in its folder (OpenVINO: the .xml and its .bin), for
+    a package (Core ML) every file inside it."""
     path = Path(path)
     row = format_of(path)
     if row is not None and row.folder:
-        return sum(f.stat().st_size for f in path.parent.iterdir() if f.is_file())
-    return path.stat().st_size
+        path = path.parent
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size

@@ -48,7 +48,8 @@ def written_at_once(path, folder=False):
     """Yields a temporary path beside `path` (same suffix: some writers pick the format by it) for a writer to fill,
     then renames it to `path`: a kill or a full disk while exporting leaves the previous file or none, never a
     half-written one that a later val.py or detect.py would load. folder: the format is a folder of files (OpenVINO:
-    .xml and .bin); the whole folder is written aside, then swapped in. A full disk or a folder that cannot be
+    .xml and .bin); the whole folder is written aside, then swapped in, as is a package the writer makes a folder
+    (Core ML's .mlpackage). A full disk or a folder that cannot be
     written: ExportError, one sentence with the path and the free space; the temporary file is removed."""
     path, pid = Path(path), os.getpid()
     target = path.parent if folder else path
@@ -58,7 +59,8 @@ def written_at_once(path, folder=False):
         if folder:
             temporary.mkdir(parents=True)
         yield temporary / path.name if folder else temporary
-        if folder:  # a folder cannot be renamed over a full one: the old one aside first, then removed
+        if temporary.is_dir():  # a folder (or a package, Core ML's) cannot be renamed over a full one: the old one
+            # aside first, then removed
             old = target.with_name(f".{target.name}.old.{pid}.tmp")
             if target.exists():
                 os.replace(target, old)
@@ -72,7 +74,7 @@ def written_at_once(path, folder=False):
         kept = f"the previous {target.name} is intact" if target.exists() else f"there is no {target.name}"
         raise ExportError(not_written_sentence(target, e, kept)) from None
     finally:
-        if folder:
+        if temporary.is_dir():
             shutil.rmtree(temporary, ignore_errors=True)
         else:
             temporary.unlink(missing_ok=True)
@@ -211,10 +213,7 @@ def write_tflite(module, x, path, args, metadata, calibration):
     """A TFLite (LiteRT) flatbuffer converted from the PyTorch module by litert-torch (torch.export, then LiteRT's
     converter; the input stays NCHW like the other formats), and the metadata as metadata.json in a zip archive
     appended to it, where the interpreter, which reads the flatbuffer from its start, does not look."""
-    # converted on the CPU, in fp32, from contiguous weights: channels_last ones (as loaded) came out wrong (raw
-    # outputs 24 px off)
-    module = copy.deepcopy(module).float().cpu().eval().to(memory_format=torch.contiguous_format)
-    x = x.float().cpu().contiguous()
+    module, x = float_copy(module), x.float().cpu().contiguous()
     # In a process of its own: the conversion starts JAX's thread pools, and the data loader workers of the gate
     # would then be forked from a multithreaded process (JAX warns of deadlocks).
     context = multiprocessing.get_context("spawn")
@@ -227,6 +226,13 @@ def write_tflite(module, x, path, args, metadata, calibration):
     )
     with zipfile.ZipFile(path, "a") as archive:
         archive.writestr(METADATA_FILE, json.dumps(export_metadata(**metadata)))
+
+
+def float_copy(module):
+    """A copy of the network to convert, on the CPU, in fp32, with contiguous weights: converters that start from
+    torch.export or a trace (litert-torch, pnnx, ExecuTorch, coremltools) were given channels_last weights (as this
+    repo loads them, for speed), and litert-torch's file came out silently wrong (raw outputs 24 px off)."""
+    return copy.deepcopy(module).float().cpu().eval().to(memory_format=torch.contiguous_format)
 
 
 def convert_tflite(module, x, path):
