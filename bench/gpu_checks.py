@@ -10,6 +10,9 @@
 - throughput: train.py --benchmark at 640 px, batch 64, AMP, with the GPU's utilisation sampled by nvidia-smi
               (near 100%: the step is the limit; well below: the loader is)
 - export:     export.py --onnx --half on the fp16 run's best.pt (checked against PyTorch by export.py itself)
+- tensorrt:   export.py --engine on that best.pt in fp16, INT8 (calibrated on the training images) and fp16 with a
+              dynamic batch of up to 8, each built, checked against PyTorch, scored by the gate and timed; then
+              --benchmark at 640 px, which adds TensorRT's rows to the table of every format
 
 Ultralytics' side of the throughput comparison runs in its own venv (bench/peer_env.sh DIR makes it), e.g.
 `YOLO_CONFIG_DIR=DIR/yolo-config DIR/bin/yolo train model=yolov8n.yaml data=<shapes yaml> imgsz=640 batch=64
@@ -139,7 +142,26 @@ def check_export(out, device):
     )
 
 
-CHECKS = {"amp": check_amp, "oom": check_oom, "throughput": check_throughput, "export": check_export}
+def check_tensorrt(out, device):
+    weights = out / "fp16" / "weights" / "best.pt"
+    if not weights.exists():
+        train(["--epochs", "1", "--amp", "--device", device, "--out", out / "fp16"])
+    for flags in (["--half"], ["--int8"], ["--half", "--dynamic", "--batch", "8"], ["--benchmark", "--imgsz", "640"]):
+        engine = [] if "--benchmark" in flags else ["--engine", "--workspace", "4"]
+        result, seconds = train(["--weights", weights, *engine, *flags, "--device", device], script="export.py")
+        lines = (result.stdout + result.stderr).strip().splitlines()
+        kept = [line for line in lines if "engine" in line or "error" in line or "TensorRT" in line]
+        print(f"export.py {' '.join(engine + flags)}: exit {result.returncode}, {seconds:.0f} s")
+        print("\n".join("  " + line for line in (kept if "--benchmark" not in flags else lines[-16:])))
+
+
+CHECKS = {
+    "amp": check_amp,
+    "oom": check_oom,
+    "throughput": check_throughput,
+    "export": check_export,
+    "tensorrt": check_tensorrt,
+}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
