@@ -8,9 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from bench.nms_free_gap import local_maxima, score_profile
 from bench.peer import find_peer_python, use_peer_config
 from bench.real_data_benchmark import table as real_data_table
 from bench.recipe_benchmark import is_nms_free, table
@@ -181,26 +179,6 @@ def test_real_data_benchmark_trains_ours_on_voc_as_it_lies_and_scores_it_with_py
     nms = result_26n["nms"]
     assert 0.0 <= nms["mAP50-95"] <= nms["mAP50"] <= 1.0 and set(nms["per_class"]) == {"cell", "dot"}
     assert "| ours-26n | 1 | 1 |" in r.stdout and "| ours-26n +NMS | 1 | 1 |" in r.stdout
-    # bench/nms_free_gap.py on that checkpoint: five answers of the same weights, NMS-free and with --nms as above
-    weights = out / "ours-26n" / "64px" / "e1" / "s0" / "train" / "weights" / "best.pt"
-    command = [sys.executable, "bench/nms_free_gap.py", "--weights", str(weights), "--imgsz", "64"]
-    gap = subprocess.run([*command, "--data", str(out / "data" / "voc.yaml")], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
-    assert gap.returncode == 0, gap.stderr[-2000:]
-    scores, profile = gap.stdout.split("how each answer ranks")  # the mAP table, then the ranking table
-    rows = {line.split(" | ")[0][2:]: float(line.split(" | ")[1].split()[0]) for line in scores.splitlines()
-            if line.startswith("| one-")}  # fmt: skip
-    assert list(rows) == ["one-to-one", "one-to-one + NMS", "one-to-one scores, one-to-many boxes", "one-to-many + NMS",
-                          "one-to-one, local maxima only", "one-to-one boxes, both heads' scores"]  # fmt: skip
-    ranks = [line.strip("| ").split(" | ") for line in profile.splitlines() if line.startswith("| one-")]
-    assert [r[0] for r in ranks] == list(rows) and all(len(r) == 5 and all(map(str.isdigit, r[1:])) for r in ranks)
-    assert rows["one-to-one"] == pytest.approx(result_26n["mAP50-95"], abs=6e-4)
-    assert rows["one-to-many + NMS"] == pytest.approx(nms["mAP50-95"], abs=6e-4)
-    # then its duplicates by stride: a row per stride, first detections and duplicates at each stride, all counts
-    counts = [line.strip("| ").split(" | ") for line in gap.stdout.splitlines() if line[:4] in ("| 8 ", "| 16", "| 32")]
-    assert [row[0] for row in counts] == ["8", "16", "32"] and all(
-        len(r) == 5 and all(map(str.isdigit, r)) for r in counts
-    )
 
     gt = json.loads((out / "data" / "val_gt.json").read_text())  # the ground truth both sides are scored against
     assert sorted(im["file_name"] for im in gt["images"]) == [f"{i}.jpg" for i in ids[6:]]
@@ -210,37 +188,6 @@ def test_real_data_benchmark_trains_ours_on_voc_as_it_lies_and_scores_it_with_py
     assert all((yolo / "images" / "train" / f"{i}.jpg").is_symlink() for i in ids[:6])
     rows = (yolo / "labels" / "val" / f"{ids[6]}.txt").read_text().splitlines()
     assert len(rows) == 1 and rows[0].split()[0] == "0"  # the difficult "dot" stays out of training, as on our side
-
-
-def test_score_profile_tells_found_objects_from_duplicates_and_false_positives():
-    """bench/nms_free_gap.py's ranking table: per image and class, best first, a detection takes the unmatched object
-    it overlaps most (IoU >= 0.5); one that overlaps only a matched object is a duplicate; scores under 0.05 do not
-    count as false positives."""
-    objects = [[0, 0, 10, 10], [20, 0, 10, 10]]  # COCO x, y, w, h
-    detections = [
-        ([0, 0, 10, 10], 1, 0.9),  # the first object, found with a high score
-        ([1, 0, 10, 10], 1, 0.3),  # the first object again (IoU 0.82): a duplicate
-        ([21, 0, 10, 10], 1, 0.2),  # the second object, found with a low score
-        ([0, 0, 10, 10], 2, 0.6),  # the right place, the wrong class: a false positive
-        ([50, 50, 10, 10], 1, 0.01),  # nothing there, too low a score to count
-    ]
-    result = {
-        "ground_truth": {"annotations": [{"image_id": 1, "category_id": 1, "bbox": b} for b in objects]},
-        "detections": [{"image_id": 1, "category_id": c, "bbox": b, "score": s} for b, c, s in detections],
-    }
-    assert score_profile(result) == (2, 1, 1, 1)
-
-
-def test_local_maxima_keeps_the_anchors_that_lead_their_3x3_neighbourhood():
-    """nms_free_gap's CenterNet-style filter: a mask over decoded (boxes, scores), 1 for every box and for each class
-    score that no neighbour on its level beats."""
-    logits = torch.tensor([[0.0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 2.0]])  # one class on a 3x4 grid
-    maps = [torch.cat((torch.randn(1, 4, 3, 4), logits.view(1, 1, 3, 4)), 1), torch.zeros(1, 5, 2, 2)]
-    mask = local_maxima(maps, nc=1)
-    assert mask.shape == (1, 16, 5) and (mask[..., :4] == 1).all()
-    # the first level: its two peaks, and the zeros that no peak is next to (a tie stays); the coarser level is flat
-    expected = [[0, 1, 0, 1], [0, 0, 0, 0], [1, 1, 0, 1]]
-    assert mask[0, :12, 4].view(3, 4).tolist() == expected and (mask[0, 12:, 4] == 1).all()
 
 
 def test_real_data_table_keeps_the_results_of_a_run_no_longer_defined(tmp_path):

@@ -103,7 +103,8 @@ def test_a_class_weight_scales_that_class_channel_alone():
 
 
 def test_shapes_with_class_odds_draw_the_train_split_imbalanced_and_the_val_split_even(tmp_path):
-    """The generator behind bench/class_imbalance.py: circle 20 : star 1 in train, only those two in val, evenly."""
+    """The generator of an imbalanced set (bench/RESULTS.md, "Rare classes"): circle 20 : star 1 in train, only those
+    two in val, evenly."""
     from utils.data.shapes import make_shapes
 
     odds = [20, 0, 0, 1, 0, 0]

@@ -239,11 +239,11 @@ def amp_dtype_for(device, choice="auto"):
     return torch.bfloat16 if native_bf16 else torch.float16
 
 
-# bench/cpu_bf16.py: a training step of n at 320 px took 10x as long in bf16 as in fp32 with AVX2 kernels only,
-# and half as long with AVX512_BF16 (2-core AMD EPYC, bench/RESULTS.md)
+# A training step of n at 320 px took 10x as long in bf16 as in fp32 with AVX2 kernels only, and half as long with
+# AVX512_BF16 (2-core AMD EPYC, bench/RESULTS.md "bf16 on the CPU")
 BF16_EMULATED = (
     "--amp on this CPU: it has no native bf16 (AVX512_BF16 or AMX), so bf16 is emulated and about 10x slower than fp32 "
-    "(bench/cpu_bf16.py); training goes on, leave out --amp to train faster"
+    "(bench/RESULTS.md); training goes on, leave out --amp to train faster"
 )
 
 
