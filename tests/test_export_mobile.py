@@ -102,6 +102,13 @@ def test_coreml_is_written_with_a_checked_spec_and_refused_to_run_off_macos(tmp_
     with pytest.raises(export.ExportError, match=r"best\.mlpackage was written wrong: input images is not a 32x32 RGB"):
         mobile.check_coreml_spec(package)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.mlpackage", "best.pt"]  # nothing half-written
+    monkeypatch.undo()
+    e2e = make_checkpoint(tmp_path / "e2e.pt", imgsz=96, scale="26n")  # YOLO26: its one-to-one head per anchor
+    export.main(["--weights", str(e2e), "--coreml", "--runs", "1"])
+    assert "e2e.mlpackage: not run here" in capsys.readouterr().out
+    spec = ct.models.MLModel(str(tmp_path / "e2e.mlpackage"), skip_model_load=True).get_spec()
+    meta = meta_values(json.loads(dict(spec.description.metadata.userDefined)[mobile.COREML_METADATA]))
+    assert meta["end2end"] and meta["topk_outside"] == 300 and meta["output_shapes"] == [[1, 189, 7]]
 
 
 def meta_values(strings):

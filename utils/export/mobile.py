@@ -29,9 +29,10 @@ COREML_METADATA = "yolo_flat"  # the key of the JSON in a Core ML package's user
 
 
 def per_anchor(module, metadata):
-    """For runtimes without TopK (NCNN): an end-to-end network answers its one-to-one head's decoded boxes and
-    scores per anchor, and the loader picks the best max_det of them (utils.boxes.top_detections) as the graph
-    would have. The output is then the same (batch, 300, 6) as every other format's."""
+    """For runtimes without TopK (NCNN) and converters that fail on it (coremltools): an end-to-end network answers
+    its one-to-one head's decoded boxes and scores per anchor, and the loader picks the best max_det of them
+    (utils.boxes.top_detections) as the graph would have. The output is then the same (batch, 300, 6) as every
+    other format's."""
     if not metadata["end2end"]:
         return module
     module.head.answer = module.head.decode  # on the copy float_copy made: the checkpoint's network is untouched
@@ -129,7 +130,9 @@ def load_mnn(path, device):
     import MNN
 
     try:
-        manager = MNN.nn.create_runtime_manager(({"precision": "high", "backend": "CPU", "numThread": 1},))
+        manager = MNN.nn.create_runtime_manager(
+            ({"precision": "high", "backend": "CPU", "numThread": torch.get_num_threads()},)
+        )
         net = MNN.nn.load_module_from_file(str(path), [], [], runtime_manager=manager, rearrange=False)
         strings = json.loads(net.get_info().get("bizCode") or "{}")
     except Exception as e:
@@ -194,7 +197,8 @@ def write_coreml(module, x, path, args, metadata, calibration):
     give them; fp16 compute with --half. Its spec is read back and checked (check_coreml_spec)."""
     import coremltools as ct
 
-    module, x = float_copy(module), x.float().cpu().contiguous()
+    # per_anchor: coremltools cannot convert the end-to-end head's gather of the top pairs (its index comes out fp32)
+    module, x = per_anchor(float_copy(module), metadata), x.float().cpu().contiguous()
     with torch.no_grad():
         output = list(module(x).shape)
     metadata.update(input_names=["images"], output_names=["output"], input_shapes=[list(x.shape)])
@@ -268,4 +272,4 @@ def load_coreml(path, device):
         outputs = [model.predict({"images": Image.fromarray(image)})["output"] for image in images]
         return torch.from_numpy(np.concatenate(outputs)).float()
 
-    return {**meta, "run": run_batch, "device": torch.device("cpu")}
+    return {**meta, "run": outside_topk(run_batch, meta), "device": torch.device("cpu")}
