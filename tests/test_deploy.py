@@ -1,5 +1,5 @@
 """Deployment (issue 24): every format export.py runs here (TorchScript, ONNX, ONNX INT8, OpenVINO fp32/fp16/INT8,
-TFLite, NCNN, MNN, ExecuTorch) runs through val.py, detect.py and models/predict.py like the .pt, carries its
+TFLite, NCNN, MNN, ExecuTorch, Paddle) runs through val.py, detect.py and models/predict.py like the .pt, carries its
 metadata, and is scored by the accuracy gate; a broken export fails the gate in one sentence and is renamed so that
 nothing ships it; a missing OpenVINO is one sentence.
 
@@ -43,6 +43,7 @@ FORMATS = {  # --benchmark's files, by the label the table gives them
     ("NCNN", "fp32"): "best_ncnn_model",
     ("MNN", "fp32"): "best.mnn",
     ("ExecuTorch", "fp32"): "best.pte",
+    ("Paddle Inference", "fp32"): "best_paddle_model",
 }
 
 
@@ -96,8 +97,8 @@ def table_rows(printed):
     rows = {}
     for line in printed.splitlines():
         m = re.match(
-            r"(PyTorch|TorchScript|ONNX Runtime|OpenVINO|LiteRT|NCNN|MNN|ExecuTorch)\s+(fp32|fp16|int8)"
-            r"\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)",
+            r"(PyTorch|TorchScript|ONNX Runtime|OpenVINO|LiteRT|NCNN|MNN|ExecuTorch|Paddle Inference)"
+            r"\s+(fp32|fp16|int8)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)",
             line,
         )
         if m:

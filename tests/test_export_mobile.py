@@ -1,4 +1,5 @@
-"""The phone and NVIDIA formats of export.py: NCNN, MNN and ExecuTorch written, run and held to PyTorch's outputs
+"""The phone, Paddle and NVIDIA formats of export.py: NCNN, MNN, ExecuTorch and Paddle written, run and held to
+PyTorch's outputs
 (YOLOv8 and YOLO26's end-to-end graph, fp16 weights where the format takes --half); Core ML written with its spec
 checked (it runs only on macOS); TensorRT refused in one sentence without a GPU and on the emulated one without its
 package; a converter that crashes or a truncated file is one sentence and leaves nothing half-written."""
@@ -19,7 +20,7 @@ from utils.export import mobile
 from utils.inference import compare_detections, load_exported, postprocess
 
 NAMES = ["ring", "box", "blob"]
-FILES = {"ncnn": "best_ncnn_model", "mnn": "best.mnn", "executorch": "best.pte"}
+FILES = {"ncnn": "best_ncnn_model", "mnn": "best.mnn", "executorch": "best.pte", "paddle": "best_paddle_model"}
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +52,9 @@ def test_phone_formats_give_pytorchs_outputs_and_carry_their_metadata(exported, 
 
 @pytest.mark.parametrize("name", FILES)
 def test_yolo26_end_to_end_runs_in_each_phone_format(exported, name):
-    """NCNN has no TopK: its file answers the one-to-one head per anchor and the loader picks the best 300, as the
-    graph does elsewhere; MNN and ExecuTorch run the graph's TopK. Each gives PyTorch's final detections."""
+    """NCNN has no TopK (and x2paddle's graph takes none of its kind): the file answers the one-to-one head per
+    anchor and the loader picks the best 300, as the graph does elsewhere; MNN and ExecuTorch run the graph's TopK.
+    Each gives PyTorch's final detections."""
     weights = exported["26n"]
     model = load_exported(weights.parent / FILES[name])
     assert model["end2end"] and model["nms"] is None

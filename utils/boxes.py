@@ -40,7 +40,7 @@ def dfl_decode(distri, bins):
     of the softmax over its reg_max bins. `bins`: torch.arange(reg_max) (any device and dtype)."""
     # A (bins, 1) matrix, not the vector: ONNX Runtime runs a MatMul with a 1-D operand about 6x slower (3.2 ms of
     # 11n's 38 at 640 px, for 8,400 anchors); PyTorch gives the same result, bitwise, either way.
-    probabilities = distri.unflatten(-1, (4, len(bins))).softmax(-1)
+    probabilities = distri.reshape(*distri.shape[:-1], 4, len(bins)).softmax(-1)  # not unflatten: x2paddle lacks it
     return (probabilities @ bins.to(distri.dtype)[:, None]).squeeze(-1)
 
 

@@ -1,6 +1,6 @@
 """Inference shared by val.py, detect.py, export.py, models/predict.py and bench/: one small interface over a
-PyTorch model and every file export.py writes (ONNX, TorchScript, OpenVINO, TFLite, NCNN, MNN, ExecuTorch, Core ML,
-TensorRT), the preprocessing all of them get and the postprocessing of their outputs.
+PyTorch model and every file export.py writes (ONNX, TorchScript, OpenVINO, TFLite, NCNN, MNN, ExecuTorch, Paddle,
+Core ML, TensorRT), the preprocessing all of them get and the postprocessing of their outputs.
 
 A loaded model is a plain dict:
 

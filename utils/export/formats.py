@@ -3,7 +3,8 @@ what --benchmark writes, the packages each needs (and the pip line when one is m
 how load_exported (utils/inference.py) opens it all come from its rows.
 
 Adding a format is one row here, its write function and its load function (utils/export/writers.py and loaders.py;
-the phone runtimes' in utils/export/mobile.py, TensorRT's in utils/export/tensorrt.py). Nothing else names a format.
+the phone runtimes' in utils/export/mobile.py, Paddle's in paddle_inference.py, TensorRT's in tensorrt.py). Nothing
+else names a format.
 """
 
 import importlib.util
@@ -23,6 +24,7 @@ from utils.export.mobile import (
     write_mnn,
     write_ncnn,
 )
+from utils.export.paddle_inference import load_paddle, write_paddle
 from utils.export.tensorrt import load_engine, no_gpu, write_engine
 from utils.export.writers import write_onnx, write_openvino, write_tflite, write_torchscript
 
@@ -44,6 +46,9 @@ MNN = Package("MNN", "MNN")  # runtime and converter in one wheel
 EXECUTORCH = Package("executorch", "executorch")  # lowers and runs; pulls in pandas, hydra, coremltools (~0.3 GB)
 COREMLTOOLS = Package("coremltools", "coremltools")  # converts anywhere, runs a model on macOS only
 TENSORRT = Package("tensorrt", "tensorrt")  # NVIDIA's; needs a GPU to build or run an engine
+PADDLE = Package("paddlepaddle", "paddle")  # Paddle's CPU runtime (~0.7 GB installed)
+X2PADDLE = Package("x2paddle", "x2paddle")  # PyTorch -> Paddle converter
+SIX = Package("six", "six")  # x2paddle imports it without declaring it
 
 
 def not_macos():
@@ -174,6 +179,19 @@ FORMATS = (
         run_packages=(COREMLTOOLS,),
         refusal="exports the network at a fixed size (fp32, or fp16 compute with --half)",
         cannot_run=not_macos,
+    ),
+    ExportFormat(
+        "paddle",
+        "PaddlePaddle",
+        "Paddle Inference",
+        ".pdiparams",
+        write_paddle,
+        load_paddle,
+        options=(),
+        run_packages=(PADDLE,),
+        write_packages=(X2PADDLE, SIX),
+        folder=True,
+        refusal="exports the fp32 network at a fixed size",
     ),
     ExportFormat(
         "engine",
