@@ -22,14 +22,14 @@ import sys
 import time
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
+from models.teacher import load_teacher
 from models.weights import architecture, class_width, initialise_from, load_weights
 from models.yolo import YOLO, count_gflops, count_parameters
 from utils import mlflow_logging, monitor, settings  # MLflow; results.csv, TensorBoard, progress; settings resolved
 from utils.autobatch import batch_from_memory
-from utils.checkpoints.ours import FORMAT, load_checkpoint, rng_states, save_checkpoint, set_rng_states
+from utils.checkpoints.ours import FORMAT, load_checkpoint, restore_training_state, rng_states, save_checkpoint
 from utils.data.dataset_yaml import DatasetError, load_dataset_yaml
 from utils.data.images import cache_images
 from utils.data.labels import MAX_PIXELS, load_verified, select_records
@@ -47,6 +47,7 @@ from utils.distributed import (
     amp_settings,
     any_rank,
     barrier,
+    leave_together,
     make_run_dir,
     node_share,
     setup_distributed,
@@ -59,7 +60,7 @@ from utils.faults import StopRequest, abort_run, install_crash_handler, realign_
 from utils.general import seed_everything, setup_logging, write_run_file
 from utils.hyperparameters import HYP  # the learning-rate, loss and augmentation defaults: one table, each a flag
 from utils.loss import DetectionLoss, resolve_class_weights
-from utils.optim import accumulation_windows, build_optimizer, load_optimizer_state, optimizer_step, set_learning_rate
+from utils.optim import accumulation_windows, build_optimizer, optimizer_step, set_learning_rate
 from utils.plots import LatestOnly, in_background, plot_batch, plot_evaluation, plot_labels, plot_results
 
 MAX_NONFINITE_STEPS = 5  # optimizer steps in a row with NaN/Inf gradients before the run stops and writes crash/
@@ -81,6 +82,7 @@ add = parser.add_argument
 add("--data", default="data/shapes.yaml", help="dataset yaml (or a Darknet / CVAT obj.data)")
 add("--model", default="n", help="YOLOv8 n..x, YOLO11 11n..x, YOLO26 26n..x, NMS-free 11n-e2e; .pt: ours, Ultralytics'")
 add("--weights", default="", help="initialise from this .pt, ours or Ultralytics' (tensors that match)")
+add("--teacher", default="", help="distil from this trained .pt, ours or Ultralytics' (docs/training.md)")
 add("--scratch-recipe", action="store_true", help="with --weights: keep a scratch run's lr0 (docs/data.md)")
 add("--reg-max", type=int, default=0, help="box bins per side: 16 = DFL, 1 = no DFL; 0: the family's (26: 1, else 16)")
 add("--epochs", type=int, default=100)
@@ -175,13 +177,17 @@ except ValueError as e:
 # The architecture: the resumed run's, the .pt given as --model's, or a scale. --weights (or a .pt --model)
 # initialises the tensors that match (ours or an Ultralytics .pt, read without running code from it).
 init_path = args.model if args.model.endswith(".pt") else args.weights
+use_amp, amp_dtype = amp_settings(device, args.amp, args.amp_dtype)  # auto: bf16 where the hardware has it, else fp16
+teacher_dtype = amp_dtype if use_amp else torch.float32
 try:  # a resume has its own weights; an exported file (.onnx, ...) is refused in one sentence
     init_ckpt = load_weights(init_path, build=False).checkpoint if init_path and not resume_ckpt else None
     scale, reg_max = architecture(args.model, args.reg_max, resume_ckpt, init_ckpt)
+    # --teacher: read once, on every rank, frozen; the run's classes and imgsz; on resume, the file it started with
+    resumed_teacher = resume_ckpt.get("teacher") if resume_ckpt else None
+    teacher, teacher_record = load_teacher(args.teacher, names, args.imgsz, device, teacher_dtype, resumed_teacher)
 except ValueError as e:  # CheckpointError too: one sentence naming the file
     sys.exit(f"error: {e}")
 
-use_amp, amp_dtype = amp_settings(device, args.amp, args.amp_dtype)  # auto: bf16 where the hardware has it, else fp16
 if args.batch == -1:  # measured on the GPU with a model of this run's size (utils/autobatch.py)
     probe = YOLO(scale, nc, args.checkpoint_activations, reg_max=reg_max).to(device, memory_format=torch.channels_last)
     largest, amp = multi_scale_max(args.imgsz) if args.multi_scale else args.imgsz, amp_dtype if use_amp else None
@@ -221,6 +227,7 @@ optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weig
 # fp16 only (bf16 has fp32's range); its scale goes into last.pt (pitfall T1: else a resume searches it again)
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
 loss_settings = dict(tiny_box=args.tiny_box, class_weights=class_weights, epochs=args.epochs, o2m_final=args.o2m_final)
+loss_settings["distill_gain"] = args.distill_gain if teacher else None  # --teacher: a fourth loss part, `distill`
 loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl, **loss_settings)
 # results.csv's columns; the loss names its parts (loss_fn.names: box, cls, and dfl, or l1 for a model without DFL)
 METRICS = ("precision", "recall", "mAP50", "mAP50-95", *loss_fn.val_columns)
@@ -234,18 +241,11 @@ best_fitness, best_epoch = -1.0, 0  # best.pt and --patience
 in_a_row = {"oom": 0, "nonfinite": 0}  # optimizer steps skipped in a row, by cause: too many stop the run
 faults = dict.fromkeys(FAULTS, 0)  # this epoch's skipped steps and CPU assignments, by cause (results.csv)
 if resume_ckpt:
-    model.load_state_dict(resume_ckpt["model"])
-    if ema:
-        ema.ema.load_state_dict(resume_ckpt["ema"])
-        ema.updates = resume_ckpt["ema_updates"]
-    load_optimizer_state(optimizer, resume_ckpt["optimizer"])
-    if resume_ckpt["scaler"]:  # empty when saved without fp16: a run resumed in fp16 then starts a new loss scale
-        scaler.load_state_dict(resume_ckpt["scaler"])
+    restore_training_state(resume_ckpt, model, ema, optimizer, scaler)  # weights, EMA, optimizer, loss scale, RNGs
     # the iteration counts batches of the saved size: the same images seen, in batches of this run's
     start_epoch = resume_ckpt["epoch"]
     start_iteration = resume_ckpt["iteration"] * resume_ckpt["args"]["batch"] // args.batch
     best_fitness, best_epoch = resume_ckpt["best_fitness"], resume_ckpt.get("best_epoch", start_epoch)
-    set_rng_states(resume_ckpt["rng"])
     log.info(f"resuming {args.resume} at epoch {start_epoch}, iteration {start_iteration}")
 sums, batches_done = monitor.epoch_loss_sums(resume_ckpt if start_iteration else None, len(loss_fn.names), device)
 
@@ -262,6 +262,7 @@ def training_state(epoch, iteration):
         "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
         "epoch": epoch, "iteration": iteration, "best_fitness": best_fitness, "best_epoch": best_epoch,
         "rng": rng_states(), "args": vars(args), "world_size": world_size, "epoch_sums": [sums.cpu(), batches_done],
+        "teacher": teacher_record,
     }  # fmt: skip
 
 
@@ -321,7 +322,9 @@ def forward_loss(images, targets, size, last_micro_step):
         images, targets = batch_to_device(images, targets, device, size)
         with sync, torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
             maps = model(images)
-        return loss_fn(maps, targets)
+        with torch.no_grad():  # --teacher: frozen and in eval, on the same augmented batch, in its own (AMP) dtype
+            teacher_maps = teacher(images.to(teacher_dtype))[1] if teacher else None
+        return loss_fn(maps, targets, teacher_maps)
     except torch.OutOfMemoryError:
         return None  # returned from here, the failed step's graph is released with this frame
 
@@ -493,8 +496,4 @@ if is_main:
     if mlflow_run:
         mlflow_run.finish(run_dir)
     log.info(f"done in {run_dir}: weights/best.pt, weights/last.pt, results.csv, results.png")
-if world_size > 1:
-    # every rank leaves together: a rank that tore gloo down while rank 0 still evaluated died at exit in
-    # std::terminate ("terminate called without an active exception"), and srun then failed the whole job
-    barrier(world_size, flags_group)
-    dist.destroy_process_group()
+leave_together(world_size, flags_group)  # DDP: no rank tears the process group down while rank 0 still evaluates

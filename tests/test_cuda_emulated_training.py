@@ -1,5 +1,6 @@
 """train.py on the emulated GPU (cuda_emulator.py): fp16 with GradScaler through an overflow, a SIGTERM and a bitwise
---resume; --batch -1 --multi-scale; YOLO26's two heads in bf16, validated in fp16 end to end and with --nms."""
+--resume; --batch -1 --multi-scale; YOLO26's two heads in bf16, validated in fp16 end to end and with --nms; a --teacher
+beside the student in bf16."""
 
 import csv
 import os
@@ -11,8 +12,9 @@ import torch
 import yaml
 from cuda_emulator import emulated_cuda
 from emulated_runs import CUDA0, TINY, load, run_script, watch_training, without_host_only_work
-from train_runs import tensors_equal
+from train_runs import make_checkpoint, tensors_equal
 
+from models.yolo import YOLO
 from utils.loss import DetectionLoss
 
 
@@ -29,9 +31,9 @@ def test_train_in_fp16_with_grad_scaler_skips_an_overflow_and_resumes_to_the_sam
     calls, pre_empt = Counter(), [True]
     original_loss = DetectionLoss.__call__
 
-    def faulty_loss(self, maps, targets):
+    def faulty_loss(self, maps, targets, teacher_maps=None):
         calls["loss"] += 1
-        loss, parts = original_loss(self, maps, targets)
+        loss, parts = original_loss(self, maps, targets, teacher_maps)
         if calls["loss"] == 1:
             return loss * float("inf"), parts
         if calls["loss"] == 3 and pre_empt[0]:  # epoch 2, first step
@@ -126,3 +128,29 @@ def test_yolo26_trains_in_bf16_with_both_heads_and_validates_in_fp16_on_the_gpu(
     # end to end: the head's top-k picks the detections and nothing runs NMS; --nms: NMS picks them, no top-k
     assert ops["end2end"][0] > 0 and ops["end2end"][1] == 0
     assert ops["--nms"][0] == 0 and ops["--nms"][1] > 0
+
+
+def test_a_teacher_runs_on_the_gpu_in_the_amp_dtype_beside_the_student(emulated_gpu, data, tmp_path, monkeypatch):
+    """--teacher under bf16 AMP: the teacher's weights live on the GPU in bf16 (no cast of them each step), it runs
+    once per training step in eval under no_grad on the student's batch, in bf16, and adds no host sync to a step."""
+    teacher = make_checkpoint(tmp_path / "teacher.pt", opinions=True)
+    without_host_only_work(monkeypatch)
+    teacher_runs, forward = [], YOLO.forward
+
+    def watched_teacher(self, x):
+        parameter = next(self.parameters())
+        if not self.training and parameter.dtype == torch.bfloat16:  # the EMA that validates is fp32
+            teacher_runs.append((parameter.device, x.device, x.dtype, torch.is_grad_enabled(), x.shape[0]))
+        return forward(self, x)
+
+    monkeypatch.setattr(YOLO, "forward", watched_teacher)
+    seen = watch_training(monkeypatch, emulated_gpu)  # the student's forwards, around the teacher's watch
+    out = tmp_path / "run"
+    args = ["--data", data, "--epochs", "1", "--batch", "2", "--teacher", teacher, "--out", out, *TINY]
+    assert run_script("train.py", *args) == 0
+    assert "amp bfloat16" in (out / "train.log").read_text()
+    assert len(seen.forwards) == 4 and teacher_runs == [(CUDA0, CUDA0, torch.bfloat16, False, 2)] * 4
+    per_step = [after - before for before, after in zip(seen.syncs_after_step, seen.syncs_after_step[1:])]
+    assert all(step == Counter(_local_scalar_dense=1, tolist=1) for step in per_step), per_step
+    row = next(csv.DictReader(open(out / "results.csv")))
+    assert float(row["distill_loss"]) > 0

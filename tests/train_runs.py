@@ -10,9 +10,12 @@ import torch
 import warm_python
 import yaml
 
+from models.yolo import YOLO
+from utils.checkpoints.ours import FORMAT, save_checkpoint
 from utils.data.shapes import make_shapes
 
 REPO = Path(__file__).resolve().parents[1]
+NAMES = ["circle", "square", "triangle", "star", "cross", "hexagon"]  # tiny_data's classes
 TINY = ["--model", "n", "--imgsz", "64", "--batch", "4", "--workers", "0", "--device", "cpu", "--warmup-epochs", "0"]
 
 
@@ -27,7 +30,7 @@ def tiny_data(tmp_path_factory):
                 "path": "shapes",
                 "train": "images/train",
                 "val": "images/val",
-                "names": ["circle", "square", "triangle", "star", "cross", "hexagon"],
+                "names": NAMES,
             }
         )
     )
@@ -67,13 +70,13 @@ RANK = int(os.environ.get("RANK", 0))
 calls = {{"loss": 0, "forward": 0}}
 original_loss, original_forward = utils.loss.DetectionLoss.__call__, models.yolo.YOLO.forward
 
-def patched_loss(self, maps, targets):
+def patched_loss(self, maps, targets, *teacher_maps):
     if not torch.is_grad_enabled():  # the validation loss (utils/evaluate.py, under no_grad): not a training step
         return original_loss(self, maps, targets)
     calls["loss"] += 1
     n = calls["loss"]
 {loss_body}
-    return original_loss(self, maps, targets)
+    return original_loss(self, maps, targets, *teacher_maps)
 
 def patched_forward(self, x):
     if self.training:
@@ -97,4 +100,18 @@ def make_wrapper(tmp_path, loss="", forward="", setup="", name="wrapper.py"):
     body = {"loss_body": loss, "forward_body": forward}
     body = {k: textwrap.indent(textwrap.dedent(v), " " * (4 if k == "loss_body" else 8)) or "" for k, v in body.items()}
     path.write_text(WRAPPER.format(repo=str(REPO), setup=textwrap.dedent(setup), **body))
+    return path
+
+
+def make_checkpoint(path, scale="s", names=NAMES, imgsz=64, seed=1, opinions=False):
+    """A checkpoint of ours as train.py's best.pt holds one: random weights are teacher enough for these tests.
+    opinions: class biases away from the prior every new head starts from (untrained heads all score alike)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = YOLO(scale, len(names))
+        if opinions:
+            for level in model.head.cls:
+                level[-1].bias.data += torch.randn(len(names)) * 2
+    header = dict(format=FORMAT, scale=scale, nc=len(names), names=list(names), imgsz=imgsz)
+    save_checkpoint({**header, "model": model.state_dict()}, path)
     return path

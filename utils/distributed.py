@@ -299,6 +299,15 @@ def barrier(world_size, group=None):
         dist.barrier(group=group)
 
 
+def leave_together(world_size, group=None):
+    """The end of a DDP run: every rank waits for the others, then tears the process group down. A rank that tore
+    gloo down while rank 0 still evaluated died at exit in std::terminate ("terminate called without an active
+    exception"), and srun then failed the whole job."""
+    if world_size > 1:
+        dist.barrier(group=group)
+        dist.destroy_process_group()
+
+
 def any_rank(flags, world_size, group=None):
     """For each flag, True on every rank if it is True on any rank. A decision that must be the same
     everywhere (stop, skip a step) is taken this way; otherwise the ranks that went on wait forever

@@ -17,6 +17,9 @@ HYP = dict(
     accumulate_warmup=1,  # accumulation ramps from 1 micro-batch to the full count over the warmup (0: off)
     clip_grad=10.0,  # max gradient norm
     box=7.5, cls=0.5, dfl=1.5,  # loss gains
+    # --teacher's class-score distillation: --cls's gain, so that the class scores' gradient is half the labels', half
+    # the teacher's (the KL term's gradient is the BCE's against the teacher's scores). Reasoned, not yet measured.
+    distill_gain=0.5,
     cls_weights="",  # per-class weights of the class term: auto (inverse frequency in the train labels) | w1,w2,...
     o2m_final=0.1,  # YOLO26 ProgLoss: one-to-many loss weight in the last epoch (0.8 in the first; 0.8 = constant)
     tiny_box=8.5,  # assigner: box sides under this count as this long when picking anchors (8.5: one stride-8 centre)

@@ -1,5 +1,6 @@
 """Detection loss: IoU-aware BCE on class scores, CIoU on boxes, and distribution focal loss (DFL), or an L1 loss
-on the side distances for a model without DFL bins (reg_max 1, YOLO26). DetectionLoss.names names the parts.
+on the side distances for a model without DFL bins (reg_max 1, YOLO26); with a teacher (train.py --teacher), a
+distillation term on the class scores. DetectionLoss.names names the parts.
 
 Normalisation: every term is summed over anchors and divided by the sum of the soft class
 targets of the batch, so it does not grow with the number of boxes; the total is then multiplied
@@ -132,6 +133,7 @@ class DetectionLoss:
         class_weights=None,
         epochs=1,
         o2m_final=0.1,
+        distill_gain=None,
     ):
         self.nc, self.strides = head.nc, head.strides
         self.reg_max = head.reg_max  # the box bins per side, of both heads where there are two
@@ -142,6 +144,10 @@ class DetectionLoss:
         # L1 loss, and a `dfl_loss` column would send a reader after the wrong one.
         self.names = ("box", "cls", "dfl" if self.reg_max > 1 else "l1")
         self.gains = (box_gain, cls_gain, dfl_gain)
+        # --teacher: a fourth part, last, so that the validation's parts (no teacher there) are the first three
+        self.distill = distill_gain is not None
+        if self.distill:
+            self.names, self.gains = (*self.names, "distill"), (*self.gains, distill_gain)
         # --cls-weights: one factor per class channel of the BCE, on its positives and its negatives alike. Weighting
         # the whole channel leaves the score each anchor is pulled towards unchanged (the minimum of w * BCE is where
         # BCE's is), so scores stay calibrated for --conf and NMS; only how much each class counts in the gradient
@@ -161,21 +167,27 @@ class DetectionLoss:
 
     @property
     def val_columns(self):
-        """results.csv's columns of the validation loss: val_box_loss, val_cls_loss, val_dfl_loss (val_l1_loss)."""
-        return tuple(f"val_{name}_loss" for name in self.names)
+        """results.csv's columns of the validation loss: val_box_loss, val_cls_loss, val_dfl_loss (val_l1_loss). No
+        column for `distill`: validation runs no teacher (its part, last, is 0 there and left out of these columns)."""
+        return tuple(f"val_{name}_loss" for name in self.names if name != "distill")
 
-    def __call__(self, maps, targets):
+    def __call__(self, maps, targets, teacher_maps=None):
+        """teacher_maps: the teacher's raw maps of the same batch (train.py --teacher), for the `distill` part."""
         device = (maps["one2many"] if isinstance(maps, dict) else maps)[0].device
         with torch.autocast(device.type, enabled=False):  # fp32 even when called inside autocast
+            teacher = self.class_logits(teacher_maps) if teacher_maps is not None else None
             if not isinstance(maps, dict):
-                return self.fp32_loss([m.float() for m in maps], self.padded(targets, maps[0]))
+                return self.fp32_loss([m.float() for m in maps], self.padded(targets, maps[0]), teacher=teacher)
             padded = self.padded(targets, maps["one2many"][0])  # once for both branches: one host read
-            one2many = self.fp32_loss([m.float() for m in maps["one2many"]], padded)
+            # the teacher's dense scores teach the one-to-many branch (the one-to-one learns one positive per
+            # object), so its weight follows that branch's under ProgLoss
+            one2many = self.fp32_loss([m.float() for m in maps["one2many"]], padded, teacher=teacher)
             o2o, rule = [m.float() for m in maps["one2one"]], self.assignment
             o2o_rule = dict(by_level=rule.by_level, alignment=rule.one2one_alignment)
             one2one = self.fp32_loss(o2o, padded, topk=7, keep=1, **o2o_rule)
             weight = one_to_many_weight(self.epoch, self.epochs, self.o2m_final)
-            return one2many[0] * weight + one2one[0] * (1 - weight), one2one[1]
+            parts = torch.cat((one2one[1][:3], one2many[1][3:]))  # the one-to-one's, and the distillation term
+            return one2many[0] * weight + one2one[0] * (1 - weight), parts
 
     @staticmethod
     def padded(targets, like):
@@ -196,10 +208,11 @@ class DetectionLoss:
         pred_distances = dfl_decode(pred_distri, bins) if reg_max > 1 else pred_distri
         return reg_max, pred_distri, pred_logits, distances_to_boxes(pred_distances, anchors), anchors, strides
 
-    def fp32_loss(self, maps, padded, topk=None, keep=None, by_level=False, alignment=ALIGNMENT):
+    def fp32_loss(self, maps, padded, topk=None, keep=None, by_level=False, alignment=ALIGNMENT, teacher=None):
         """One branch's (total, parts); padded: (gt, gt_mask) from DetectionLoss.padded. by_level: each object's
         anchors come from the one level its size picks (utils/assigner.py level_by_size), else from every level.
-        alignment: (alpha, beta) of the assignment's score ** alpha * IoU ** beta (utils/assigner.py)."""
+        alignment: (alpha, beta) of the assignment's score ** alpha * IoU ** beta (utils/assigner.py). teacher: the
+        teacher's class logits (b, A, nc) for the distillation part; None: that part is 0 (validation)."""
         b = maps[0].shape[0]
         topk = topk or self.topk
         reg_max, pred_distri, pred_logits, pred_boxes, anchors, strides = self.predictions(maps)
@@ -222,6 +235,10 @@ class DetectionLoss:
         loss_distance = (distance * weight).sum() / score_sum
 
         terms = (loss_box, loss_cls, loss_distance)  # in the order of self.names
+        if self.distill:  # normalised as the class term is, so that its gain reads like --cls's
+            no_teacher = teacher is None
+            loss_distill = loss_cls.new_zeros(()) if no_teacher else self.distill_term(pred_logits, teacher) / score_sum
+            terms = (*terms, loss_distill)
         parts = torch.stack([term * gain for term, gain in zip(terms, self.gains)])
         return parts.sum() * b, parts.detach()
 
@@ -272,6 +289,26 @@ class DetectionLoss:
             self.class_weights = self.class_weights.to(pred_logits.device)  # once: a copy per step would be a sync
         bce = F.binary_cross_entropy_with_logits(pred_logits, target_scores, self.class_weights, reduction="none")
         return bce.sum()
+
+    def class_logits(self, maps):
+        """The teacher's raw maps (its one-to-many branch's where it has two heads) -> class logits (b, A, nc), fp32,
+        in the anchors' order of predictions: the last nc channels of each level's map, whatever its box bins (a DFL
+        teacher teaches a student without DFL)."""
+        maps = maps["one2many"] if isinstance(maps, dict) else maps
+        return torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)[..., -self.nc :].float()
+
+    @staticmethod
+    def distill_term(pred_logits, teacher_logits):
+        """Class-score distillation, summed over every anchor and class: the KL divergence of the student's score
+        from the teacher's, each a Bernoulli (the scores are per-class sigmoids, not one softmax). That is the BCE
+        against the teacher's scores less the teacher's own entropy: the same gradient, and 0 for a student that
+        scores exactly as its teacher does. No temperature: a sigmoid score of 0.1 or 0.01 is already soft; the
+        teacher's near misses and second classes teach as they are."""
+        target = teacher_logits.sigmoid()
+        return (
+            F.binary_cross_entropy_with_logits(pred_logits, target, reduction="none")
+            - F.binary_cross_entropy_with_logits(teacher_logits, target, reduction="none")
+        ).sum()
 
     @staticmethod
     def box_term(pred_boxes, target_boxes, fg):

@@ -131,7 +131,7 @@ def epoch_line(epoch, epochs, names, losses, metrics, seconds, faults):
 
 def run_summary(network, images, args, accumulate, device, world_size, amp, names, class_weights):
     """The one line a run starts with: the network, the data, the schedule, the optimizer, where it runs, the AMP
-    dtype (empty: off), the loader, and the class weights when there are any."""
+    dtype (empty: off), the loader, the class weights when there are any, and the teacher (--teacher)."""
     schedule = f"{args.epochs} epochs at {args.imgsz} px, batch {args.batch} x accumulate {accumulate}"
     if args.accumulate_warmup and accumulate > 1:
         schedule += " (from 1 over the warmup)"
@@ -142,6 +142,8 @@ def run_summary(network, images, args, accumulate, device, world_size, amp, name
     parts.append(f"{args.workers} loader workers")
     if class_weights:
         parts.append("class weights " + ", ".join(f"{n} {w:.3g}" for n, w in zip(names, class_weights)))
+    if args.teacher:
+        parts.append(f"teacher {args.teacher}, distill gain {args.distill_gain}")
     return " | ".join(parts)
 
 

@@ -23,6 +23,7 @@ from utils.checkpoints.safe_unpickle import read_pickled_checkpoint
 from utils.checkpoints.ultralytics import convert_ultralytics
 from utils.disk import DiskFull, disk_full_sentence, is_disk_full
 from utils.general import atomic_write
+from utils.optim import load_optimizer_state
 
 FORMAT = "yolo-flat/1"
 
@@ -155,6 +156,20 @@ def rng_states():
         "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
         "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
     }
+
+
+def restore_training_state(ckpt, model, ema, optimizer, scaler):
+    """--resume: the weights, the EMA (None on the ranks that keep none) and its update count, the optimizer, the fp16
+    loss scale and every random generator, as train.py's training_state saved them in last.pt. The loop's own
+    counters (epoch, iteration, best fitness) train.py takes back itself."""
+    model.load_state_dict(ckpt["model"])
+    if ema:
+        ema.ema.load_state_dict(ckpt["ema"])
+        ema.updates = ckpt["ema_updates"]
+    load_optimizer_state(optimizer, ckpt["optimizer"])
+    if ckpt["scaler"]:  # empty when saved without fp16: a run resumed in fp16 then starts a new loss scale
+        scaler.load_state_dict(ckpt["scaler"])
+    set_rng_states(ckpt["rng"])
 
 
 def set_rng_states(states):
