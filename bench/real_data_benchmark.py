@@ -9,6 +9,11 @@ against one ground truth.
         ours-n-defaults peer-v8n-defaults --seeds 0 1 2 --epochs 20 40 --imgsz 320
     # the table of what has run so far
     python bench/real_data_benchmark.py --table
+    # distillation: an s teacher fine-tuned here, converted (bench/to_ultralytics.py) so both repos use that file
+    python bench/real_data_benchmark.py --voc ../datasets/BCCD --runs ours-n ours-n-kd peer-v8n peer-v8n-kd \\
+        --teacher bccd_s_teacher.pt --seeds 0 1 2 --epochs 40 --imgsz 320
+    # another set, from a dataset yaml of ours (real_suite.py writes one per set: OUT/<set>/data/data.yaml)
+    python bench/real_data_benchmark.py --data runs/real_suite/cards/data/data.yaml --out runs/real_data/cards ...
 
 The dataset is read where it lies and nothing is written into its folder. This repo trains through a dataset yaml
 written to OUT/data/voc.yaml (`voc: FOLDER`: ImageSets/Main/train.txt and val.txt as published, utils/data/voc.py).
@@ -119,9 +124,17 @@ RUNS = {
     "ours-ft-ema90": ("ours", ["--model", "{weights}", "--ema-decay", "0.9", "--ema-tau", "5"]),
     "ours-ft-ema95": ("ours", ["--model", "{weights}", "--ema-decay", "0.95", "--ema-tau", "5"]),
     "ours-ft-scale25": ("ours", ["--model", "{weights}", "--scale", "0.25"]),
+    # knowledge distillation from --teacher (an Ultralytics .pt, bench/to_ultralytics.py: the very same file teaches
+    # both sides): ours with --teacher and its default --distill-gain, Ultralytics with distill_model and its default
+    # dis; from scratch, and fine-tuned from --weights
+    "ours-n-kd": ("ours", [*RECIPE, "--teacher", "{teacher}"]),
+    "peer-v8n-kd": ("peer", [*SAME, "distill_model={teacher}"]),
+    "ours-ft-kd": ("ours", ["--model", "{weights}", "--teacher", "{teacher}"]),
+    "peer-ft-kd": ("peer", ["--model", "{weights}", "pretrained=True", "distill_model={teacher}"]),
 }  # fmt: skip
 PAIRS = [("ours-n", "peer-v8n"), ("ours-11n", "peer-11n"), ("ours-n-defaults", "peer-v8n-defaults")]
 PAIRS += [("ours-11n-defaults", "peer-11n-defaults"), ("ours-ft", "peer-ft"), ("ours-ft", "peer-ft-same")]
+PAIRS += [("ours-n-kd", "peer-v8n-kd"), ("ours-ft-kd", "peer-ft-kd")]
 CONF, IOU, MAX_DET = 0.001, 0.7, 300  # Ultralytics' validator defaults; passed to val.py explicitly
 
 
@@ -220,7 +233,7 @@ def score(gt_path, named_detections, names):
 
 def run_cell(run, data, epochs, seed, cell, args):
     repo, flags = RUNS[run]
-    extra = [a.format(weights=args.weights) for a in flags]
+    extra = [a.format(weights=args.weights, teacher=getattr(args, "teacher", "")) for a in flags]
     extra = [*args.ours_args, *extra] if repo == "ours" else extra
     data_yaml = data["voc_yaml"] if repo == "ours" else data["yolo_yaml"]
     imgsz, batch = args.imgsz, args.batch
@@ -306,6 +319,7 @@ def table(out):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--voc", help="the Pascal VOC folder (Annotations/, JPEGImages/, ImageSets/Main/)")
+    parser.add_argument("--data", help="instead of --voc: a dataset yaml of ours (VOC, COCO json, YOLO txt)")
     parser.add_argument("--runs", nargs="+", default=["ours-n", "peer-v8n"], choices=list(RUNS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--epochs", nargs="+", type=int, default=[20, 40])
@@ -314,6 +328,7 @@ def main():
     parser.add_argument("--out", default=str(REPO / "runs" / "real_data"))
     parser.add_argument("--peer-python", help="the python of bench/peer_env.sh DIR (default: $PEER_PYTHON)")
     parser.add_argument("--weights", default="", help="the pretrained .pt that the *-ft runs fine-tune")
+    parser.add_argument("--teacher", default="", help="the .pt that the *-kd runs distil from (both sides)")
     parser.add_argument("--device", default="cpu", help="cpu or a GPU index; fp32 on both sides either way")
     parser.add_argument("--jobs", type=int, default=1, help="cells at once (on a GPU: several share it)")
     parser.add_argument("--table", action="store_true", help="only print the table of the cells run so far")
@@ -323,7 +338,9 @@ def main():
     args = parser.parse_args()
     out = Path(args.out).resolve()
     if not args.table:
-        if not args.voc or not Path(args.voc).is_dir():
+        if args.data and not Path(args.data).is_file():
+            sys.exit(f"--data {args.data}: no such dataset yaml")
+        if not args.data and (not args.voc or not Path(args.voc).is_dir()):
             sys.exit(f"--voc {args.voc}: give the Pascal VOC folder (Annotations/, JPEGImages/, ImageSets/Main/)")
         if any(run.startswith(("ours-ft", "peer-ft")) for run in args.runs) and not Path(args.weights).is_file():
             sys.exit(f"--weights {args.weights!r}: the *-ft runs fine-tune this .pt; give an existing file")
@@ -333,10 +350,16 @@ def main():
                 sys.exit(
                     f"--ours-args {' '.join(clash)}: run {run} sets it itself, and its value wins; add a run to RUNS"
                 )
+        if any(run.endswith("-kd") for run in args.runs) and not Path(args.teacher).is_file():
+            sys.exit(f"--teacher {args.teacher!r}: the *-kd runs distil from this .pt; give an existing file")
         args.weights = str(Path(args.weights).resolve()) if args.weights else ""  # the cells run in the repo
+        args.teacher = str(Path(args.teacher).resolve()) if args.teacher else ""
         if any(RUNS[run][0] == "peer" for run in args.runs):  # now, not after the first cells of ours
             args.peer_python = find_peer_python(args.peer_python)
-        voc_yaml, yolo_yaml, names, counts = prepare(args.voc, out / "data")
+        if args.data:  # the yaml as it is, its paths resolved where it lies
+            voc_yaml, yolo_yaml, names, counts = prepare_yaml(Path(args.data).resolve(), out / "data", "--data")
+        else:
+            voc_yaml, yolo_yaml, names, counts = prepare(args.voc, out / "data")
         data = dict(voc_yaml=voc_yaml, yolo_yaml=yolo_yaml, names=names, counts=counts, gt=out / "data" / "val_gt.json")
         # seeds outermost: a run stopped early still has every cell at the first seed
         cells = [(run, epochs, seed) for seed in args.seeds for epochs in args.epochs for run in args.runs]

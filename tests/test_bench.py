@@ -129,6 +129,17 @@ def test_real_data_benchmark_refuses_ours_args_that_a_run_sets_itself(tmp_path):
     assert "\n" not in r.stderr.strip() and not (tmp_path / "out" / "data").exists()
 
 
+def test_real_data_benchmark_refuses_a_distillation_run_without_its_teacher(tmp_path):
+    """The *-kd runs distil from --teacher's file on both sides (train.py --teacher, Ultralytics' distill_model=):
+    without an existing file, one sentence before anything runs, not a failed cell after the data is prepared."""
+    write_voc(tmp_path / "VOC", n_train=1, n_val=1)
+    command = [sys.executable, "bench/real_data_benchmark.py", "--voc", str(tmp_path / "VOC"), "--runs", "ours-n-kd"]
+    command += ["--teacher", str(tmp_path / "missing.pt"), "--out", str(tmp_path / "out")]
+    r = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and f"--teacher '{tmp_path / 'missing.pt'}': the *-kd runs distil from this" in r.stderr
+    assert "\n" not in r.stderr.strip() and not (tmp_path / "out" / "data").exists()
+
+
 def write_voc(root, n_train=6, n_val=3, size=96):
     """A tiny Pascal VOC folder: bright rectangles of 2 classes on noise, one `difficult` box in the first val image."""
     import cv2
