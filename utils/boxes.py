@@ -4,6 +4,8 @@ Conventions: `xyxy` = corners in pixels, `xywh` = centre and size in pixels, `xy
 and size normalised to 0..1 (the YOLO label format).
 """
 
+import contextlib
+
 import numpy as np
 import torch
 import torchvision
@@ -35,12 +37,30 @@ def make_anchors(maps, strides, offset=0.5):
     return torch.cat(points), torch.cat(stride_column)
 
 
+_WEIGHTED_SUM = [False]  # set only while dfl_as_weighted_sum() traces a network for NCNN
+
+
+@contextlib.contextmanager
+def dfl_as_weighted_sum():
+    """Inside: dfl_decode takes DFL's expectation as a weighted sum (Mul, then a sum over the bins) instead of a matrix
+    product. For NCNN only, whose MatMul ran the n model at 320 px about 25% slower than the same graph with the sum
+    (bench/RESULTS.md); ONNX Runtime wants the product (see dfl_decode). Only while a network is traced: PyTorch's own
+    results are the product's, bitwise."""
+    _WEIGHTED_SUM[0] = True
+    try:
+        yield
+    finally:
+        _WEIGHTED_SUM[0] = False
+
+
 def dfl_decode(distri, bins):
     """DFL: (..., 4 * reg_max) logits -> (..., 4) side distances in grid units, each the expectation
     of the softmax over its reg_max bins. `bins`: torch.arange(reg_max) (any device and dtype)."""
     # A (bins, 1) matrix, not the vector: ONNX Runtime runs a MatMul with a 1-D operand about 6x slower (3.2 ms of
     # 11n's 38 at 640 px, for 8,400 anchors); PyTorch gives the same result, bitwise, either way.
     probabilities = distri.reshape(*distri.shape[:-1], 4, len(bins)).softmax(-1)  # not unflatten: x2paddle lacks it
+    if _WEIGHTED_SUM[0]:
+        return (probabilities * bins.to(distri.dtype)).sum(-1)
     return (probabilities @ bins.to(distri.dtype)[:, None]).squeeze(-1)
 
 

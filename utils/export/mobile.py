@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from utils.boxes import top_detections
+from utils.boxes import dfl_as_weighted_sum, top_detections
 from utils.checkpoints.ours import CheckpointError
 from utils.export.loaders import METADATA_FILE, any_batch, export_metadata, first_line, parse_metadata
 from utils.export.writers import ExportError, export_onnx, float_copy
@@ -67,7 +67,7 @@ def write_ncnn(module, x, path, args, metadata, calibration):
     import pnnx
 
     module, x = per_anchor(float_copy(module), metadata), x.float().cpu().contiguous()
-    with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings():
+    with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings(), dfl_as_weighted_sum():
         warnings.simplefilter("ignore")
         traced = Path(scratch) / "model.pt"
         torch.jit.trace(module, x, check_trace=False).save(str(traced))
