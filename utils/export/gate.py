@@ -79,9 +79,9 @@ def print_benchmark(weights, reference, torch_ms, written, results, latency):
     rows = [("PyTorch", "fp32", file_size(weights), *reference, torch_ms)]
     rows += [(row.runtime, p, file_size(path), *results[path], latency[path]) for path, row, p, *_ in written]
     header = ("format", "precision", "size MB", "mAP50-95", "mAP50", "latency ms", "speed-up")
-    print("\n{:<14} {:<9} {:>8} {:>9} {:>7} {:>11} {:>8}".format(*header))
+    print("\n{:<16} {:<9} {:>8} {:>9} {:>7} {:>11} {:>8}".format(*header))
     for name, precision, size, m, m50, ms in rows:
-        print(f"{name:<14} {precision:<9} {size / 1e6:>8.1f} {m:>9.4f} {m50:>7.4f} {ms:>11.1f} {torch_ms / ms:>7.2f}x")
+        print(f"{name:<16} {precision:<9} {size / 1e6:>8.1f} {m:>9.4f} {m50:>7.4f} {ms:>11.1f} {torch_ms / ms:>7.2f}x")
 
 
 def set_aside(path, sentences):
