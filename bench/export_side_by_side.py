@@ -168,6 +168,8 @@ def same_scorer_map(path, fmt, imgsz, scores, ultralytics_layout):
         out = torch.from_numpy(run(x.numpy()))
         if ultralytics_layout:
             out = out.transpose(1, 2)
+            if fmt == "tflite":  # Ultralytics' TensorFlow-family files give boxes as fractions of the input size
+                out[..., :4] *= imgsz
             xy, wh = out[..., :2], out[..., 2:4]
             out = torch.cat((xy - wh / 2, xy + wh / 2, out[..., 4:]), 2)
         return out
