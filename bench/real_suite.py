@@ -167,7 +167,7 @@ def table(out, imgsz=320):
         both = [(a, b) for a, b in both if a is not None and b is not None]
         if both:
             a, b = statistics.mean(p[0] for p in both), statistics.mean(p[1] for p in both)
-            sets = f" ({len(both)} sets)" if len(both) < len(names) else ""
+            sets = f" ({len(both)} of {len(names)} sets)" if len(both) < len(names) else ""
             row += [f"{a:.3f}{sets}", f"{b:.3f}", f"**{a / b:.2f}**" if b else "-"]
         else:
             row += ["-", "-", "-"]
