@@ -118,21 +118,26 @@ def bare_runner(path, fmt):
         method = Runtime.get().load_program(str(pte)).load_method("forward")
         return lambda x: method.execute([torch.from_numpy(x)])
     if fmt == "tflite":
-        from ai_edge_litert.interpreter import Interpreter
-
-        interpreter = Interpreter(model_path=str(path), num_threads=THREADS)
-        interpreter.allocate_tensors()
-        model_input, model_output = interpreter.get_input_details()[0], interpreter.get_output_details()[0]
-
-        def run(x):
-            if list(model_input["shape"]) != list(x.shape):  # an NHWC graph (Ultralytics')
-                x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
-            interpreter.set_tensor(model_input["index"], x)
-            interpreter.invoke()
-            return interpreter.get_tensor(model_output["index"])
-
-        return run
+        return tflite_runner(path)
     raise ValueError(fmt)
+
+
+def tflite_runner(path):
+    """A .tflite file's interpreter; Ultralytics' graph takes NHWC input, ours NCHW."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(path), num_threads=THREADS)
+    interpreter.allocate_tensors()
+    model_input, model_output = interpreter.get_input_details()[0], interpreter.get_output_details()[0]
+
+    def run(x):
+        if list(model_input["shape"]) != list(x.shape):  # an NHWC graph (Ultralytics')
+            x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+        interpreter.set_tensor(model_input["index"], x)
+        interpreter.invoke()
+        return interpreter.get_tensor(model_output["index"])
+
+    return run
 
 
 def paired_latency(paths, fmt, imgsz, runs):
