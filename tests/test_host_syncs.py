@@ -98,7 +98,7 @@ class ReferenceLoss(DetectionLoss):
     def padded(targets, like):  # the reference pads inside fp32_loss, as it did
         return targets
 
-    def fp32_loss(self, maps, targets):
+    def fp32_loss(self, maps, targets, teacher=None):  # no teacher here: DetectionLoss passes None
         b = maps[0].shape[0]
         flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)
         pred_distri, pred_logits = flat.split((4 * self.reg_max, self.nc), 2)
