@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from models.blocks import Conv
 from utils.assigner import DualAssignment
-from utils.boxes import dfl_decode, distances_to_boxes, make_anchors
+from utils.boxes import dfl_decode, distances_to_boxes, make_anchors, top_detections, top_pairs
 
 STRIDES = (8, 16, 32)
 
@@ -120,24 +120,11 @@ class Detect(nn.Module):
         which cost an NMS-free graph with a DFL box branch more time than its convs did."""
         with torch.autocast(maps[0].device.type, enabled=False):
             anchors, strides, distri, logits = self.split(maps)
-            anchor, score, cls = self.top_pairs(logits.sigmoid())
+            anchor, score, cls = top_pairs(logits.sigmoid(), self.max_det)
             distri = distri.gather(1, anchor.unsqueeze(-1).expand(-1, -1, distri.shape[-1]))
             boxes = self.boxes(distri, anchors[anchor], strides[anchor])
             return torch.cat((boxes, score.unsqueeze(-1), cls.unsqueeze(-1).to(boxes.dtype)), 2)
 
-    def top_pairs(self, scores):
-        """(batch, anchors, nc) probabilities -> the anchor, score and class (each batch, k) of the k =
-        min(max_det, anchors) best (anchor, class) pairs among the k anchors with the best top class, best first (as
-        Ultralytics' end-to-end head, so that its checkpoints give its detections); an anchor may appear once per
-        class."""
-        k = min(self.max_det, scores.shape[1])
-        anchors = scores.amax(2).topk(k, 1).indices  # b, k
-        scores = scores.gather(1, anchors.unsqueeze(-1).expand(-1, -1, self.nc))  # b, k, nc
-        best, index = scores.flatten(1).topk(k, 1)  # b, k over the k x nc pairs
-        return anchors.gather(1, index // self.nc), best, index % self.nc
-
     def top_detections(self, decoded):
-        """(batch, anchors, 4 + nc) decoded -> (batch, k, 6) x1 y1 x2 y2 score class: top_pairs' detections."""
-        anchor, score, cls = self.top_pairs(decoded[..., 4:])
-        boxes = decoded[..., :4].gather(1, anchor.unsqueeze(-1).expand(-1, -1, 4))
-        return torch.cat((boxes, score.unsqueeze(-1), cls.unsqueeze(-1).to(boxes.dtype)), 2)
+        """(batch, anchors, 4 + nc) decoded -> (batch, max_det, 6) x1 y1 x2 y2 score class (utils.boxes)."""
+        return top_detections(decoded, self.max_det)

@@ -124,18 +124,25 @@ def scale_boxes_to_original(boxes, ratio, pad, original_shape):
     return boxes
 
 
+def top_pairs(scores, max_det=300):
+    """(batch, anchors, nc) probabilities -> the anchor, score and class (each batch, k) of the k =
+    min(max_det, anchors) best (anchor, class) pairs among the k anchors with the best top class, best first (as
+    Ultralytics' end-to-end head, so that its checkpoints give its detections); an anchor may appear once per
+    class."""
+    nc, k = scores.shape[-1], min(max_det, scores.shape[1])
+    anchors = scores.amax(2).topk(k, 1).indices  # b, k
+    scores = scores.gather(1, anchors.unsqueeze(-1).expand(-1, -1, nc))  # b, k, nc
+    best, index = scores.flatten(1).topk(k, 1)  # b, k over the k x nc pairs
+    return anchors.gather(1, index // nc), best, index % nc
+
+
 def top_detections(decoded, max_det=300):
     """An end-to-end (one-to-one) head's decoded output (batch, anchors, 4 + nc) -> its final detections (batch, k, 6)
-    x1 y1 x2 y2 score class, best first: the k = min(max_det, anchors) best (anchor, class) pairs among the k anchors
-    with the best top class (as Ultralytics' end-to-end head, so that its checkpoints give its detections); an anchor
-    may appear once per class. models/head.py answers so; a runtime without TopK (NCNN) gets it here."""
-    scores, nc = decoded[..., 4:], decoded.shape[-1] - 4
-    k = min(max_det, scores.shape[1])
-    anchors = scores.amax(2).topk(k, 1).indices  # b, k
-    best, index = scores.gather(1, anchors.unsqueeze(-1).expand(-1, -1, nc)).flatten(1).topk(k, 1)  # of k x nc pairs
-    anchor = anchors.gather(1, index // nc)
+    x1 y1 x2 y2 score class, best first: top_pairs' detections. models/head.py answers so; a runtime without TopK
+    (NCNN) gets it here."""
+    anchor, score, cls = top_pairs(decoded[..., 4:], max_det)
     boxes = decoded[..., :4].gather(1, anchor.unsqueeze(-1).expand(-1, -1, 4))
-    return torch.cat((boxes, best.unsqueeze(-1), (index % nc).unsqueeze(-1).to(boxes.dtype)), 2)
+    return torch.cat((boxes, score.unsqueeze(-1), cls.unsqueeze(-1).to(boxes.dtype)), 2)
 
 
 def non_max_suppression(
