@@ -77,7 +77,6 @@ from utils.distributed import select_device
 from utils.export import formats as export_formats
 from utils.export.formats import OPTIONS, a_or_an, file_size, installed, joined, label, missing_sentence, output_path
 from utils.export.gate import Scores, gate, print_benchmark, set_aside
-from utils.export.mobile import check_coreml_spec
 from utils.export.writers import ExportError, ModelWithNMS, written_at_once
 from utils.inference import compare_detections, load_exported, median_latency, postprocess, preprocess
 
@@ -350,9 +349,9 @@ def check_all(written, network, x32, args, source):
     with torch.no_grad():
         torch_ms = median_latency(network, x32, args.runs)
     for path, row, precision, net, x, module in written:
-        if reason := row.cannot_run():  # written, not run: Core ML off macOS, its spec checked instead
-            spec = f"; its spec: {check_coreml_spec(path)}" if row.name == "coreml" else ""
-            print(f"{label(path):>24}: not run here ({reason}){spec}")
+        if reason := row.cannot_run():  # written, not run: Core ML off macOS, described (its spec) instead
+            described = f"; its spec: {row.describe(path)}" if row.describe else ""
+            print(f"{label(path):>24}: not run here ({reason}){described}")
             continue
         tolerance = 1e-2 if precision == "fp16" else 1e-3
         fp16_weights = precision == "fp16" and row.fp16_weights_only  # of an fp32 graph (OpenVINO): see check()

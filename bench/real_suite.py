@@ -66,7 +66,8 @@ SETS = {
         yaml="voc: {clone}/BCCD\n",
     ),
     "cards": dict(
-        url="https://github.com/EdjeElectronics/TensorFlow-Object-Detection-API-Tutorial-Train-Multiple-Objects-Windows-10",
+        url="https://github.com/EdjeElectronics/"
+        "TensorFlow-Object-Detection-API-Tutorial-Train-Multiple-Objects-Windows-10",
         licence="Apache-2.0", format="Pascal VOC (XML beside each photo)",
         yaml="voc: {clone}/images\ntrain: train\nval: test\n",
     ),

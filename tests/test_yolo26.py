@@ -38,8 +38,11 @@ def test_11n_e2e_changes_only_its_box_branches_trains_the_network_and_a_checkpoi
     checkpoint that names it, or its earlier name, 11n-d32-stable."""
     torch.manual_seed(0)
     base, model = YOLO("11n", nc=3), YOLO("11n-e2e", nc=3)
+
     # the network and the one-to-many class branch as 11n's (which has no one-to-one head)
-    shapes = lambda m: {k: v.shape for k, v in m.state_dict().items() if "box." not in k and "one2one" not in k}  # noqa: E731
+    def shapes(model):
+        return {k: v.shape for k, v in model.state_dict().items() if "box." not in k and "one2one" not in k}
+
     assert shapes(model) == shapes(base) and model.head.reg_max == 16 and model.end2end
     assert [str(level) for level in model.head.one2one_cls] == [str(level) for level in model.head.cls]
     for boxes in (model.head.box, model.head.one2one_box):

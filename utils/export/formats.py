@@ -15,6 +15,7 @@ from typing import Callable, NamedTuple
 
 from utils.export.loaders import load_onnx, load_openvino, load_tflite, load_torchscript
 from utils.export.mobile import (
+    check_coreml_spec,
     load_coreml,
     load_executorch,
     load_mnn,
@@ -76,6 +77,7 @@ class ExportFormat:
     fp16_weights_only: bool = False  # --half stores fp16 weights of the fp32 graph, so fp16 raw outputs move
     cannot_run: Callable = lambda: None  # why this machine cannot run such a file (Core ML off macOS), or None
     cannot_write: Callable = lambda: None  # why it cannot write one (TensorRT without a GPU), or None
+    describe: Callable = None  # describe(path): one line on a file this machine cannot run (Core ML: its spec)
 
     def packages(self, precision="fp32"):
         """Everything that writing and checking a file in `precision` needs, in the order of its pip line."""
@@ -179,6 +181,7 @@ FORMATS = (
         run_packages=(COREMLTOOLS,),
         refusal="exports the network at a fixed size (fp32, or fp16 compute with --half)",
         cannot_run=not_macos,
+        describe=check_coreml_spec,
     ),
     ExportFormat(
         "paddle",
