@@ -105,6 +105,8 @@ def parse_args(argv=None):
     )
     add("--benchmark", action="store_true", help="export to every available format and print one table (batch 1)")
     add("--imgsz", type=int, nargs="+", default=[0], help="h w, or one size for both; 0 = the checkpoint's")
+    sizes_help = "--benchmark: the square sizes each format is timed at (written again at each one --imgsz is not)"
+    add("--latency-imgsz", type=int, nargs="+", default=[640, 320], help=sizes_help)
     add("--batch", type=int, default=1)
     add("--dynamic", action="store_true", help="batch, height and width chosen at run time")
     add("--opset", type=int, default=17)
@@ -199,6 +201,9 @@ def load_network(weights, args, device):
     stride = max(network.head.strides)
     if any(s % stride for s in imgsz):
         sys.exit(f"error: --imgsz {' '.join(map(str, imgsz))} must be a multiple of the stride {stride}")
+    if args.benchmark and any(s <= 0 or s % stride for s in args.latency_imgsz):
+        sizes = " ".join(map(str, args.latency_imgsz))
+        sys.exit(f"error: --latency-imgsz {sizes}: each size must be a positive multiple of the stride {stride}")
     return network.to(device), train_args, imgsz
 
 
@@ -273,14 +278,13 @@ def calibration_inputs(data, imgsz, n, batch):
     return inputs
 
 
-def write_all(weights, jobs, network, x32, args, metadata, calibration, data):
-    """Write each file with its row's write function. Returns [(path, row, precision, the network it came from,
-    its input, the traced module)]."""
+def write_all(weights, jobs, network, x32, args, metadata, calibration, data, folder=None):
+    """Write each file with its row's write function, next to the weights or in folder. Returns [(path, row,
+    precision, the network it came from, its input, the traced module)]."""
     # ONNX and TorchScript in fp16 trace an fp16 network; OpenVINO converts fp32 and stores fp16 weights
     half_network = None
     if any(precision == "fp16" and not row.fp16_weights_only for row, precision in jobs):
         half_network = copy.deepcopy(network).half()
-    folder = weights.parent / f"{weights.stem}_benchmark" if args.benchmark else None
     written = []
     for row, precision in jobs:
         net = half_network if precision == "fp16" and not row.fp16_weights_only else network
@@ -342,6 +346,27 @@ def check(path, model, module, x, args, tolerance, torch_ms, parity="raw"):
     return ok, their_ms
 
 
+def latency_at_sizes(weights, jobs, network, img, args, metadata, data, first):
+    """--benchmark's latencies, at --imgsz and at each --latency-imgsz: {(h, w): (PyTorch's ms, {(format, precision):
+    ms})}, and the failures of the files written for them. first: (imgsz, input, written, latency, PyTorch's ms) of
+    the files already written, checked and scored at --imgsz; at another size each format is written again into
+    <stem>_benchmark/<size>px/ (an INT8 file calibrated at that size) and checked against PyTorch there, not scored."""
+    imgsz, x32, written, latency, torch_ms = first
+    timings = {tuple(imgsz): (torch_ms, {(row.name, p): latency[path] for path, row, p, *_ in written})}
+    failures = []
+    for size in args.latency_imgsz:
+        if (size, size) in timings:
+            continue
+        x = preprocess(img, [size, size])[0].repeat(args.batch, 1, 1, 1).to(x32.device)
+        calibration = calibration_inputs(data, [size, size], args.calib_images, args.batch)
+        folder = weights.parent / f"{weights.stem}_benchmark" / f"{size}px"
+        here = write_all(weights, jobs, network, x, args, dict(metadata, imgsz=[size, size]), calibration, data, folder)
+        failed, latency_here, torch_here = check_all(here, network, x, args, f"the same image at {size} px")
+        failures += failed
+        timings[size, size] = (torch_here, {(row.name, p): latency_here.get(path) for path, row, p, *_ in here})
+    return timings, failures
+
+
 def check_all(written, network, x32, args, source):
     """check() each file. Returns (the sentences of the failures, each file's latency, PyTorch's latency)."""
     print(f"check on {source}, input {tuple(x32.shape)}:")
@@ -374,7 +399,8 @@ def main(argv=None):
     x32 = preprocess(img, imgsz)[0].repeat(args.batch, 1, 1, 1).to(device)
     calibration = calibration_inputs(data, imgsz, args.calib_images, args.batch) if data else None
     metadata = metadata_of(network, train_args, args, imgsz)
-    written = write_all(weights, jobs, network, x32, args, metadata, calibration, data)
+    folder = weights.parent / f"{weights.stem}_benchmark" if args.benchmark else None
+    written = write_all(weights, jobs, network, x32, args, metadata, calibration, data, folder)
     failures, latency, torch_ms = check_all(written, network, x32, args, source)
     if data is None:
         print(f"accuracy gate skipped: {weights} names no dataset of ours; give --data to score the exported files")
@@ -389,8 +415,10 @@ def main(argv=None):
             *results[path], failure = gate(path, row, precision, scores, network, args, imgsz)
             failures += [(path, failure)] if failure else []
         if args.benchmark:
-            reference = scores.checkpoint(network, args.dynamic, imgsz)
-            print_benchmark(weights, reference, torch_ms, written, results, latency)
+            first = (imgsz, x32, written, latency, torch_ms)
+            timings, failed = latency_at_sizes(weights, jobs, network, img, args, metadata, data, first)
+            failures += failed
+            print_benchmark(weights, scores.checkpoint(network, args.dynamic, imgsz), written, results, timings)
     if failures:  # a file that failed keeps no name that val.py, detect.py or a glob for *.onnx would ship
         sentences = {}
         for path, sentence in failures:

@@ -81,28 +81,33 @@ def trained(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def benchmark(trained):
-    """export.py --benchmark once: every format in <stem>_benchmark/, and what it printed (an INT8 file beyond the
-    gate makes it exit non-zero after the table: its sentence is appended)."""
+    """export.py --benchmark once: every format in <stem>_benchmark/ (scored and timed at the checkpoint's 64 px) and
+    again in <stem>_benchmark/96px/ (timed at 96 px), and what it printed (an INT8 file beyond the gate makes it exit
+    non-zero after the table: its sentence is appended)."""
     printed = io.StringIO()
+    command = ["--weights", str(trained), "--benchmark", "--runs", "1", "--calib-images", "12", "--latency-imgsz", "96"]
     with contextlib.redirect_stdout(printed):
         try:
-            export.main(["--weights", str(trained), "--benchmark", "--runs", "1", "--calib-images", "12"])
+            export.main(command)
         except SystemExit as e:
             print(e.code)
     return trained.parent / "best_benchmark", printed.getvalue()
 
 
-def table_rows(printed):
-    """{(format, precision): (size MB, mAP50-95, mAP50)} from the benchmark table."""
+def table_rows(printed, latency=False):
+    """{(format, precision): (size MB, mAP50-95, mAP50)} from the benchmark table; latency: {(format, precision):
+    ((ms, speed-up) at 64 px, (ms, speed-up) at 96 px)} instead."""
     rows = {}
     for line in printed.splitlines():
         m = re.match(
             r"(PyTorch|TorchScript|ONNX Runtime|OpenVINO|LiteRT|NCNN|MNN|ExecuTorch|Paddle Inference)"
-            r"\s+(fp32|fp16|int8)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)",
+            r"\s+(fp32|fp16|int8)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)"
+            r"\s+([\d.]+)\s+([\d.]+)x\s+([\d.]+)\s+([\d.]+)x$",
             line,
         )
         if m:
-            rows[m[1], m[2]] = tuple(float(v) for v in m.groups()[2:])
+            values = [float(v) for v in m.groups()[2:]]
+            rows[m[1], m[2]] = (tuple(values[3:5]), tuple(values[5:7])) if latency else tuple(values[:3])
     return rows
 
 
@@ -130,6 +135,18 @@ def test_benchmark_table_has_every_format_and_the_gate_holds(benchmark):
     for note in ("Core ML fp32: Core ML runs only on macOS", "TensorRT fp16: TensorRT builds and runs engines on an"):
         assert f"note: left out of the benchmark: {note}" in printed  # what it cannot run here, and why
     assert rows["ONNX Runtime", "int8"][0] < 0.6 * rows["ONNX Runtime", "fp32"][0]  # int8 weights: a quarter + scales
+
+
+def test_benchmark_times_every_format_at_a_second_size_from_files_written_at_it(benchmark):
+    folder, printed = benchmark
+    assert "64 px ms  speed-up 96 px ms  speed-up" in printed, printed
+    latency = table_rows(printed, latency=True)
+    assert set(latency) == {("PyTorch", "fp32"), *FORMATS}, printed
+    assert [speed_up for _, speed_up in latency["PyTorch", "fp32"]] == [1.0, 1.0]  # the speed-ups are over it
+    for key, name in FORMATS.items():
+        assert all(ms > 0 for ms, _ in latency[key]), (key, printed)
+        exported = load_exported(folder / "96px" / name)  # a file of its own at 96 px, not the 64 px one resized
+        assert tuple(exported["imgsz"]) == (96, 96), key
 
 
 @pytest.mark.parametrize("key", [("OpenVINO", "int8"), ("ONNX Runtime", "fp32"), ("LiteRT", "fp32"), ("NCNN", "fp32")])

@@ -74,14 +74,23 @@ def gate(path, row, precision, scores, network, args, imgsz):
     return ours, ours50, None if reference - ours <= limit else failure
 
 
-def print_benchmark(weights, reference, torch_ms, written, results, latency):
-    """One row per format: file size, mAP50-95, mAP50 (pycocotools), median latency at batch 1, speed-up."""
-    rows = [("PyTorch", "fp32", file_size(weights), *reference, torch_ms)]
-    rows += [(row.runtime, p, file_size(path), *results[path], latency[path]) for path, row, p, *_ in written]
-    header = ("format", "precision", "size MB", "mAP50-95", "mAP50", "latency ms", "speed-up")
-    print("\n{:<16} {:<9} {:>8} {:>9} {:>7} {:>11} {:>8}".format(*header))
+def print_benchmark(weights, reference, written, results, timings):
+    """One row per format: file size, mAP50-95, mAP50 (pycocotools, at the size the files were scored at), then the
+    median latency at batch 1 and the speed-up over PyTorch at each size of timings ({(h, w): (PyTorch's ms,
+    {(format, precision): ms})}, the scored size first)."""
+    rows = [("PyTorch", "fp32", file_size(weights), *reference, [torch_ms for torch_ms, _ in timings.values()])]
+    for path, row, p, *_ in written:
+        ms = [at.get((row.name, p)) for _, at in timings.values()]
+        rows.append((row.runtime, p, file_size(path), *results[path], ms))
+    sizes = [f"{h} px" if h == w else f"{h}x{w} px" for h, w in timings]
+    header = ("format", "precision", "size MB", "mAP50-95", "mAP50", *(f"{s} ms  speed-up" for s in sizes))
+    print(f"\n{header[0]:<16} {header[1]:<9} {header[2]:>8} {header[3]:>9} {header[4]:>7}", *header[5:])
     for name, precision, size, m, m50, ms in rows:
-        print(f"{name:<16} {precision:<9} {size / 1e6:>8.1f} {m:>9.4f} {m50:>7.4f} {ms:>11.1f} {torch_ms / ms:>7.2f}x")
+        cells = [
+            f"{t:>{len(s) + 3}.1f} {torch_ms / t:>8.2f}x" if t else f"{'-':>{len(s) + 3}} {'':>9}"
+            for s, t, (torch_ms, _) in zip(sizes, ms, timings.values())
+        ]
+        print(f"{name:<16} {precision:<9} {size / 1e6:>8.1f} {m:>9.4f} {m50:>7.4f}", *cells)
 
 
 def set_aside(path, sentences):
