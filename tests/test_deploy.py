@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from calibrated_model import make_checkpoint, one_thread, scene  # noqa: F401 (o
 import export
 from models.predict import load, predict
 from utils.checkpoints.ours import CheckpointError
+from utils.export import formats as export_formats
 from utils.export import writers as export_writers
 from utils.inference import compare_detections, load_exported
 
@@ -81,11 +83,10 @@ def trained(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def benchmark(trained):
-    """export.py --benchmark once: every format in <stem>_benchmark/ (scored and timed at the checkpoint's 64 px) and
-    again in <stem>_benchmark/96px/ (timed at 96 px), and what it printed (an INT8 file beyond the gate makes it exit
-    non-zero after the table: its sentence is appended)."""
+    """export.py --benchmark once: every format in <stem>_benchmark/, scored and timed at the checkpoint's 64 px, and
+    what it printed (an INT8 file beyond the gate makes it exit non-zero after the table: its sentence is appended)."""
     printed = io.StringIO()
-    command = ["--weights", str(trained), "--benchmark", "--runs", "1", "--calib-images", "12", "--latency-imgsz", "96"]
+    command = ["--weights", str(trained), "--benchmark", "--runs", "1", "--calib-images", "12", "--latency-imgsz", "64"]
     with contextlib.redirect_stdout(printed):
         try:
             export.main(command)
@@ -96,18 +97,17 @@ def benchmark(trained):
 
 def table_rows(printed, latency=False):
     """{(format, precision): (size MB, mAP50-95, mAP50)} from the benchmark table; latency: {(format, precision):
-    ((ms, speed-up) at 64 px, (ms, speed-up) at 96 px)} instead."""
+    [(ms, speed-up) at each size]} instead."""
     rows = {}
     for line in printed.splitlines():
         m = re.match(
             r"(PyTorch|TorchScript|ONNX Runtime|OpenVINO|LiteRT|NCNN|MNN|ExecuTorch|Paddle Inference)"
-            r"\s+(fp32|fp16|int8)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)"
-            r"\s+([\d.]+)\s+([\d.]+)x\s+([\d.]+)\s+([\d.]+)x$",
+            r"\s+(fp32|fp16|int8)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)((\s+[\d.]+\s+[\d.]+x)+)$",
             line,
         )
         if m:
-            values = [float(v) for v in m.groups()[2:]]
-            rows[m[1], m[2]] = (tuple(values[3:5]), tuple(values[5:7])) if latency else tuple(values[:3])
+            timed = [(float(ms), float(x)) for ms, x in re.findall(r"([\d.]+)\s+([\d.]+)x", m[6])]
+            rows[m[1], m[2]] = timed if latency else tuple(float(v) for v in m.groups()[2:5])
     return rows
 
 
@@ -137,16 +137,30 @@ def test_benchmark_table_has_every_format_and_the_gate_holds(benchmark):
     assert rows["ONNX Runtime", "int8"][0] < 0.6 * rows["ONNX Runtime", "fp32"][0]  # int8 weights: a quarter + scales
 
 
-def test_benchmark_times_every_format_at_a_second_size_from_files_written_at_it(benchmark):
-    folder, printed = benchmark
+def test_benchmark_times_every_format_again_at_each_latency_size(trained, tmp_path, monkeypatch):
+    """--latency-imgsz: at each size that is not the scored one, every format is written again (INT8 calibrated at
+    that size) into <stem>_benchmark/<size>px/, checked against PyTorch and timed there; one latency and speed-up
+    column per size. Two formats (their three precisions each) keep the test short: the loop is the same for all."""
+    weights = tmp_path / "best.pt"
+    shutil.copy(trained, weights)
+    rows = {row.name: row for row in export_formats.FORMATS}
+    monkeypatch.setattr(export_formats, "FORMATS", (rows["onnx"], rows["openvino"]))
+    printed = io.StringIO()
+    command = ["--weights", str(weights), "--benchmark", "--runs", "1", "--calib-images", "12"]
+    with contextlib.redirect_stdout(printed):
+        export.main([*command, "--latency-imgsz", "64", "96"])
+    printed = printed.getvalue()
     assert "64 px ms  speed-up 96 px ms  speed-up" in printed, printed
     latency = table_rows(printed, latency=True)
-    assert set(latency) == {("PyTorch", "fp32"), *FORMATS}, printed
+    files = {key: name for key, name in FORMATS.items() if key[0] in ("ONNX Runtime", "OpenVINO")}
+    assert set(latency) == {("PyTorch", "fp32"), *files}, printed
     assert [speed_up for _, speed_up in latency["PyTorch", "fp32"]] == [1.0, 1.0]  # the speed-ups are over it
-    for key, name in FORMATS.items():
-        assert all(ms > 0 for ms, _ in latency[key]), (key, printed)
-        exported = load_exported(folder / "96px" / name)  # a file of its own at 96 px, not the 64 px one resized
+    for key, name in files.items():
+        assert len(latency[key]) == 2 and all(ms > 0 for ms, _ in latency[key]), (key, printed)
+        exported = load_exported(weights.parent / "best_benchmark" / "96px" / name)  # its own file, at 96 px
         assert tuple(exported["imgsz"]) == (96, 96), key
+    with pytest.raises(SystemExit, match="--latency-imgsz 100: each size must be a positive multiple of the stride"):
+        export.main([*command, "--latency-imgsz", "100"])
 
 
 @pytest.mark.parametrize("key", [("OpenVINO", "int8"), ("ONNX Runtime", "fp32"), ("LiteRT", "fp32"), ("NCNN", "fp32")])
