@@ -17,6 +17,7 @@ fp32, fp16 or INT8; check each file against PyTorch and score its mAP next to th
     python export.py --engine --half --workspace 4       # best.engine (TensorRT, on the NVIDIA GPU that will run it;
                                                          #   --int8, --dynamic up to --batch images)
     python export.py --benchmark                         # every format: size, mAP, latency, speed-up, one table
+    python export.py --benchmark --latency-imgsz 640 320 # (the default) timed at these sizes too, each written again
 
 The files are written next to the weights (best.onnx, best.torchscript, best_openvino_model/, best_int8.onnx,
 best_int8_openvino_model/, best.tflite, best_ncnn_model/, best.mnn, best.pte, best_paddle_model/, best.mlpackage,
