@@ -99,7 +99,7 @@ def parse_args(argv=None):
     add = parser.add_argument
     add("--weights", default="", help="checkpoint (default: newest runs/train/*/weights/best.pt)")
     for row in rows:
-        add(f"--{row.name}", action="store_true", help=format_help(row, row is rows[0]))
+        add(row.flag, action="store_true", help=format_help(row, row is rows[0]))
     int8_formats = ", ".join(r.title for r in rows if "int8" in r.options)
     add(
         "--int8", action="store_true", help=f"INT8 quantization calibrated on --data's training images ({int8_formats})"
@@ -150,7 +150,7 @@ def check_request(args):
     for row in rows:
         refused = [option for option in OPTIONS if option not in row.options]
         if getattr(args, row.name) and any(getattr(args, option) for option in refused):
-            sys.exit(f"error: --{row.name} {row.refusal}; leave out {', '.join('--' + o for o in refused)}")
+            sys.exit(f"error: {row.flag} {row.refusal}; leave out {', '.join('--' + o for o in refused)}")
     if args.int8 and (args.half or args.nms):
         int8_formats = joined([row.title for row in rows if "int8" in row.options], "or")
         sys.exit(f"error: --int8 quantizes the raw network to {int8_formats}; leave out --half, --nms")
@@ -160,7 +160,7 @@ def check_request(args):
         )
     jobs = jobs_of(args)
     for row, precision in jobs:
-        flags = f"--{row.name}" + (" --int8" if precision == "int8" else "")
+        flags = row.flag + (" --int8" if precision == "int8" else "")
         if reason := row.cannot_write():
             sys.exit(f"error: {flags} cannot be written on this machine: {reason}; export --onnx here instead")
         if missing := missing_sentence(flags, row.packages(precision)):

@@ -3,8 +3,8 @@ what --benchmark writes, the packages each needs (and the pip line when one is m
 how load_exported (utils/inference.py) opens it all come from its rows.
 
 Adding a format is one row here, its write function and its load function (utils/export/writers.py and loaders.py;
-the phone runtimes' in utils/export/mobile.py, Paddle's in paddle_inference.py, TensorRT's in tensorrt.py). Nothing
-else names a format.
+the phone runtimes' in utils/export/mobile.py, Paddle's in paddle_inference.py, TensorRT's in tensorrt.py,
+TensorFlow's in tensorflow.py). Nothing else names a format.
 """
 
 import importlib.util
@@ -26,6 +26,7 @@ from utils.export.mobile import (
     write_ncnn,
 )
 from utils.export.paddle_inference import load_paddle, write_paddle
+from utils.export.tensorflow import load_pb, load_saved_model, write_pb, write_saved_model
 from utils.export.tensorrt import load_engine, no_gpu, write_engine
 from utils.export.writers import write_onnx, write_openvino, write_tflite, write_torchscript
 
@@ -50,6 +51,15 @@ TENSORRT = Package("tensorrt", "tensorrt")  # NVIDIA's; needs a GPU to build or 
 PADDLE = Package("paddlepaddle", "paddle")  # Paddle's CPU runtime (~0.7 GB installed)
 X2PADDLE = Package("x2paddle", "x2paddle")  # PyTorch -> Paddle converter
 SIX = Package("six", "six")  # x2paddle imports it without declaring it
+# TensorFlow: tf_keras (which onnx2tf builds its network with) declares `tensorflow`, so `tensorflow` is the pip name
+# that installs one TensorFlow; tensorflow-cpu, half its size, with `pip install --no-deps tf_keras` is what
+# requirements-dev.txt and .ci/run install. Either one provides the module.
+TENSORFLOW = Package("tensorflow", "tensorflow")
+TF_KERAS = Package("tf_keras", "tf_keras")
+ONNX2TF = Package("onnx2tf", "onnx2tf")  # ONNX -> TensorFlow converter; 1.28 declares no dependencies: these follow
+ONNX_GRAPHSURGEON = Package("onnx_graphsurgeon", "onnx_graphsurgeon")  # onnx2tf's graph editing, our folding too
+SNG4ONNX = Package("sng4onnx", "sng4onnx")  # onnx2tf names unnamed nodes with it
+PSUTIL = Package("psutil", "psutil")  # onnx2tf imports it
 
 
 def not_macos():
@@ -73,11 +83,18 @@ class ExportFormat:
     write_packages: tuple = ()  # what writes one, beyond run_packages
     int8_packages: tuple = ()  # what --int8 adds
     folder: bool = False  # written as <stem>_<name>_model/<stem><suffix> beside the files it needs (OpenVINO's .bin)
+    folder_name: str = "{stem}_{name}_model"  # a folder format's folder, from the file's stem and the format's name
+    file_name: str = ""  # the name of the file in its folder where the format fixes it (saved_model.pb)
     refusal: str = ""  # why it refuses the OPTIONS it does not take: "--tflite <refusal>; leave out --half, ..."
     fp16_weights_only: bool = False  # --half stores fp16 weights of the fp32 graph, so fp16 raw outputs move
     cannot_run: Callable = lambda: None  # why this machine cannot run such a file (Core ML off macOS), or None
     cannot_write: Callable = lambda: None  # why it cannot write one (TensorRT without a GPU), or None
     describe: Callable = None  # describe(path): one line on a file this machine cannot run (Core ML: its spec)
+
+    @property
+    def flag(self):
+        """export.py's flag: --saved-model for the row saved_model (argparse stores it under the row's name)."""
+        return "--" + self.name.replace("_", "-")
 
     def packages(self, precision="fp32"):
         """Everything that writing and checking a file in `precision` needs, in the order of its pip line."""
@@ -197,6 +214,34 @@ FORMATS = (
         refusal="exports the fp32 network at a fixed size",
     ),
     ExportFormat(
+        "saved_model",
+        "TensorFlow SavedModel",
+        "TF SavedModel",
+        ".pb",
+        write_saved_model,
+        load_saved_model,
+        options=(),
+        run_packages=(TENSORFLOW,),
+        # converted from the fp32 ONNX graph by onnx2tf, which runs it in ONNX Runtime and imports LiteRT's interpreter
+        write_packages=(ONNX, ONNX2TF, TF_KERAS, ONNX_GRAPHSURGEON, SNG4ONNX, PSUTIL, ONNXRUNTIME, LITERT),
+        folder=True,
+        folder_name="{stem}_saved_model",
+        file_name="saved_model.pb",
+        refusal="exports the fp32 network at a fixed size",
+    ),
+    ExportFormat(
+        "pb",
+        "TensorFlow GraphDef",
+        "TF GraphDef",
+        ".pb",
+        write_pb,
+        load_pb,
+        options=(),
+        run_packages=(TENSORFLOW,),
+        write_packages=(ONNX, ONNX2TF, TF_KERAS, ONNX_GRAPHSURGEON, SNG4ONNX, PSUTIL, ONNXRUNTIME, LITERT),
+        refusal="exports the fp32 network at a fixed size",
+    ),
+    ExportFormat(
         "engine",
         "TensorRT",
         "TensorRT",
@@ -220,12 +265,14 @@ def by_name(name):
 
 
 def format_of(path):
-    """The row of an exported file (by its suffix: a Core ML .mlpackage is a folder too) or folder (the folder
-    format whose file it holds: OpenVINO's .xml, NCNN's .param), else None."""
+    """The row of an exported file (by its name where the format fixes it, saved_model.pb, else by its suffix: a Core
+    ML .mlpackage is a folder too) or folder (the folder format whose file it holds: OpenVINO's .xml, NCNN's .param,
+    TensorFlow's saved_model.pb), else None."""
     path = Path(path)
-    row = next((row for row in FORMATS if path.suffix == row.suffix), None)
+    row = next((row for row in FORMATS if row.file_name and path.name == row.file_name), None)
+    row = row or next((row for row in FORMATS if not row.file_name and path.suffix == row.suffix), None)
     if row is None and path.is_dir():
-        row = next((row for row in FORMATS if row.folder and any(path.glob(f"*{row.suffix}"))), None)
+        row = next((row for row in FORMATS if row.folder and any(path.glob(row.file_name or f"*{row.suffix}"))), None)
     return row
 
 
@@ -267,13 +314,13 @@ def kinds():
 
 def output_path(weights, row, precision, folder=None, tag_fp16=False):
     """Where an export is written: best.onnx, best_int8.onnx, best.torchscript, best_openvino_model/best.xml,
-    best_int8_openvino_model/best.xml, best.tflite, next to the weights (or in `folder`). tag_fp16: best_fp16... too
-    (--benchmark writes both precisions of a format side by side)."""
+    best_int8_openvino_model/best.xml, best.tflite, best_saved_model/saved_model.pb, next to the weights (or in
+    `folder`). tag_fp16: best_fp16... too (--benchmark writes both precisions of a format side by side)."""
     weights = Path(weights)
     folder = Path(folder or weights.parent)
     stem = weights.stem + {"int8": "_int8", "fp16": "_fp16" if tag_fp16 else ""}.get(precision, "")
     if row.folder:
-        return folder / f"{stem}_{row.name}_model" / f"{weights.stem}{row.suffix}"
+        return folder / row.folder_name.format(stem=stem, name=row.name) / (row.file_name or weights.stem + row.suffix)
     return folder / f"{stem}{row.suffix}"
 
 

@@ -10,6 +10,7 @@ crashes, or prints hundreds of lines, leaves export.py standing, and its error b
 """
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -47,17 +48,20 @@ def outside_topk(run, meta):
     return lambda x: top_detections(run(x), meta["topk_outside"])
 
 
-def run_converter(command, what, path):
-    """Run a converter program; ExportError with its last meaningful line when it fails or writes nothing."""
+def run_converter(command, what, path, **options):
+    """Run a converter program; ExportError with its last meaningful line when it fails or writes nothing. options:
+    subprocess.run's (cwd, env)."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=CONVERTER_TIMEOUT)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=CONVERTER_TIMEOUT, **options)
     except subprocess.TimeoutExpired:
         raise ExportError(f"{what} did not finish writing {path.name} in {CONVERTER_TIMEOUT} s") from None
     lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
     if done.returncode != 0 or not path.exists():
         said = next((line for line in reversed(lines) if "rror" in line or "not" in line), lines[-1] if lines else "")
+        # the name it was to have, not written_at_once's temporary (.best.123.tmp.mnn)
+        name = re.sub(r"^\.(.+)\.\d+\.tmp(\.[^.]+)?$", r"\1\2", path.name)
         raise ExportError(
-            f"{what} could not convert the network to {path.name} (exit status {done.returncode}: "
+            f"{what} could not convert the network to {name} (exit status {done.returncode}: "
             f"{said.strip()[:200] or 'no output'}); export --onnx or --openvino instead"
         )
 
