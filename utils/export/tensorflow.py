@@ -47,7 +47,7 @@ def run_onnx2tf(scratch, written, *arguments):
     """convert(*arguments) of utils/export/tensorflow_convert.py in a child process, run in scratch; `written` is the
     file whose absence afterwards says that it failed (run_converter's sentence then)."""
     command = [sys.executable, "-c", CONVERT, str(ROOT), *map(str, arguments)]
-    env = {**os.environ, **QUIET, "CUDA_VISIBLE_DEVICES": ""}  # converted on the CPU, where it runs
+    env = {**QUIET, **os.environ, "CUDA_VISIBLE_DEVICES": ""}  # converted on the CPU, where it runs
     run_converter(command, "onnx2tf", written, cwd=scratch, env=env)
 
 
