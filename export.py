@@ -1,5 +1,6 @@
-"""Export a checkpoint to ONNX, TorchScript, OpenVINO, TFLite, NCNN, MNN, ExecuTorch, Paddle, Core ML or TensorRT, in
-fp32, fp16 or INT8; check each file against PyTorch and score its mAP next to the checkpoint's.
+"""Export a checkpoint to ONNX, TorchScript, OpenVINO, TFLite, NCNN, MNN, ExecuTorch, Paddle, Core ML, TensorFlow
+(SavedModel, GraphDef) or TensorRT, in fp32, fp16 or INT8; check each file against PyTorch and score its mAP next to the
+checkpoint's.
 
     python export.py --onnx                              # newest runs/train/*/weights/best.pt -> best.onnx
     python export.py --weights best.pt --onnx --torchscript --imgsz 640
@@ -12,6 +13,7 @@ fp32, fp16 or INT8; check each file against PyTorch and score its mAP next to th
     python export.py --tflite                            # best.tflite (LiteRT, for phones; fp32)
     python export.py --ncnn --mnn --executorch           # best_ncnn_model/, best.mnn, best.pte (Android; --half too)
     python export.py --paddle                            # best_paddle_model/ (Paddle Inference, fp32)
+    python export.py --saved-model --pb                  # best_saved_model/ and best.pb (TensorFlow, fp32; onnx2tf)
     python export.py --coreml                            # best.mlpackage (iOS; written and its spec checked anywhere,
                                                          #   run and scored on macOS only)
     python export.py --engine --half --workspace 4       # best.engine (TensorRT, on the NVIDIA GPU that will run it;
@@ -21,7 +23,7 @@ fp32, fp16 or INT8; check each file against PyTorch and score its mAP next to th
 
 The files are written next to the weights (best.onnx, best.torchscript, best_openvino_model/, best_int8.onnx,
 best_int8_openvino_model/, best.tflite, best_ncnn_model/, best.mnn, best.pte, best_paddle_model/, best.mlpackage,
-best.engine). Conv+BN are fused first, so the graph holds no BatchNorm and nothing else
+best_saved_model/, best.pb, best.engine). Conv+BN are fused first, so the graph holds no BatchNorm and nothing else
 that only training uses. Each format is one row of the table in utils/export/formats.py: its flag, file name, the
 options it takes, the packages it needs (a missing one: one sentence with that format's pip line), and its write
 and load functions.
