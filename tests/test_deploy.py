@@ -1,7 +1,7 @@
 """Deployment (issue 24): every format export.py runs here (TorchScript, ONNX, ONNX INT8, OpenVINO fp32/fp16/INT8,
-TFLite, NCNN, MNN, ExecuTorch, Paddle) runs through val.py, detect.py and models/predict.py like the .pt, carries its
-metadata, and is scored by the accuracy gate; a broken export fails the gate in one sentence and is renamed so that
-nothing ships it; a missing OpenVINO is one sentence.
+TFLite, NCNN, MNN, ExecuTorch, Paddle, TensorFlow SavedModel and GraphDef) runs through val.py, detect.py and
+models/predict.py like the .pt, carries its metadata, and is scored by the accuracy gate; a broken export fails the
+gate in one sentence and is renamed so that nothing ships it; a missing OpenVINO is one sentence.
 
 A mAP needs a model that finds something in a labelled set. Training one would take minutes, so the set is
 labelled by the test model itself (the calibrated random model of calibrated_model.py): its detections above 0.3 on
@@ -46,6 +46,8 @@ FORMATS = {  # --benchmark's files, by the label the table gives them
     ("MNN", "fp32"): "best.mnn",
     ("ExecuTorch", "fp32"): "best.pte",
     ("Paddle Inference", "fp32"): "best_paddle_model",
+    ("TF SavedModel", "fp32"): "best_saved_model",
+    ("TF GraphDef", "fp32"): "best.pb",
 }
 
 
@@ -101,7 +103,8 @@ def table_rows(printed, latency=False):
     rows = {}
     for line in printed.splitlines():
         m = re.match(
-            r"(PyTorch|TorchScript|ONNX Runtime|OpenVINO|LiteRT|NCNN|MNN|ExecuTorch|Paddle Inference)"
+            r"(PyTorch|TorchScript|ONNX Runtime|OpenVINO|LiteRT|NCNN|MNN|ExecuTorch|Paddle Inference|TF SavedModel|"
+            r"TF GraphDef)"
             r"\s+(fp32|fp16|int8)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)((\s+[\d.]+\s+[\d.]+x)+)$",
             line,
         )
