@@ -7,7 +7,8 @@ file (its detections scored by bench/score_detections.py against the same ground
         --weights runs/real_suite/microcontrollers/peer-v8n/320px/e20/s0/peer/train/weights/best.pt \
         --data runs/real_suite/microcontrollers/data/yolo.yaml --imgsz 320
 
-The peer environment needs the formats' packages too (pnnx ncnn MNN executorch litert-torch ai-edge-litert).
+The peer environment needs the formats' packages too (pnnx ncnn MNN executorch litert-torch ai-edge-litert; for
+TensorFlow: tensorflow-cpu<=2.19 tf_keras<=2.19 onnx2tf<1.29 sng4onnx onnx_graphsurgeon, Ultralytics' own pins).
 Latency: the median of --runs calls of the bare network, batch 1, the two files' calls interleaved (a load that
 drifts slows both alike), in the format's runtime with the same settings for both files (ONNX Runtime's defaults;
 OpenVINO LATENCY in f32; NCNN in fp32; 2 threads everywhere), so that the figure is the file's, not either repo's
@@ -43,6 +44,8 @@ SHARED = {
     "ncnn": "ncnn",
     "mnn": "mnn",
     "executorch": "executorch",
+    "saved_model": "saved_model",
+    "pb": "pb",
 }
 THREADS = 2
 
@@ -119,7 +122,42 @@ def bare_runner(path, fmt):
         return lambda x: method.execute([torch.from_numpy(x)])
     if fmt == "tflite":
         return tflite_runner(path)
+    if fmt in ("saved_model", "pb"):
+        return tensorflow_runner(path, fmt)
     raise ValueError(fmt)
+
+
+def tensorflow_runner(path, fmt):
+    """A SavedModel's serving signature, or a frozen GraphDef pruned from its placeholder to its last op; Ultralytics'
+    graphs take NHWC input, ours NCHW (the transpose is inside ours)."""
+    import tensorflow as tf
+
+    if fmt == "saved_model":
+        folder = path if path.is_dir() else path.parent
+        loaded = tf.saved_model.load(str(folder))
+        serve = loaded.signatures["serving_default"]
+        name, spec = next(iter(serve.structured_input_signature[1].items()))
+        call = lambda x: next(iter(serve(**{name: tf.constant(x)}).values()))  # noqa: E731
+        call.kept = loaded  # the signature's variables live as long as the object it was loaded as
+        shape = spec.shape.as_list()
+    else:
+        graph_def = tf.compat.v1.GraphDef()
+        graph_def.ParseFromString(path.read_bytes())
+        placeholder = next(node for node in graph_def.node if node.op == "Placeholder")
+        consumed = {i.split(":")[0].lstrip("^") for node in graph_def.node for i in node.input}
+        last = [n for n in graph_def.node if n.name not in consumed and n.op not in ("Const", "NoOp")][-1]
+        wrapped = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(graph_def, name=""), [])
+        call = wrapped.prune(
+            wrapped.graph.as_graph_element(f"{placeholder.name}:0"), wrapped.graph.as_graph_element(f"{last.name}:0")
+        )
+        shape = [d.size for d in placeholder.attr["shape"].shape.dim]
+
+    def run(x):
+        if shape[1] != x.shape[1]:  # an NHWC graph (Ultralytics')
+            x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+        return call(tf.constant(x)).numpy()
+
+    return run
 
 
 def tflite_runner(path):
@@ -173,7 +211,7 @@ def same_scorer_map(path, fmt, imgsz, scores, ultralytics_layout):
         out = torch.from_numpy(run(x.numpy()))
         if ultralytics_layout:
             out = out.transpose(1, 2)
-            if fmt == "tflite":  # Ultralytics' TensorFlow-family files give boxes as fractions of the input size
+            if fmt == "tflite":  # Ultralytics' LiteRT file: boxes as fractions of the input (its TF graphs: pixels)
                 out[..., :4] *= imgsz
             xy, wh = out[..., :2], out[..., 2:4]
             out = torch.cat((xy - wh / 2, xy + wh / 2, out[..., 4:]), 2)
@@ -199,7 +237,7 @@ def ours(weights, data, fmt, imgsz, out):
             "export.py",
             "--weights",
             str(copy),
-            f"--{fmt}",
+            f"--{fmt.replace('_', '-')}",
             "--imgsz",
             str(imgsz),
             "--runs",
@@ -231,6 +269,8 @@ def theirs(weights, data, fmt, imgsz, out, peer):
     result = json.loads(lines[-1])
     if "error" in result:
         return result
+    if "predictions" not in result:  # exported, then its own val died (TensorFlow's SavedModel: a segfault here)
+        return {**result, "own_error": f"its own val exited with status {done.returncode}"}
     map5095, map50, *_ = score(data, result["predictions"], category_offset=1)
     return {"file": result["file"], "own_map": map5095, "own_map50": map50}
 
@@ -292,7 +332,7 @@ def print_table(cells, formats):
         def figures(cell, key="map"):
             if key in cell:
                 return f"{cell[key]:.4f} / {cell[key + '50']:.4f}"
-            return f"fails: {cell.get('error', '?')}"
+            return f"fails: {cell.get('error') or cell.get('own_error', '?')}"
 
         ms = lambda c: f"{c['ms']:.1f}" if "ms" in c else "-"  # noqa: E731
         size = f"{a.get('mb', 0):.1f} / {b.get('mb', 0):.1f}"

@@ -4,9 +4,9 @@ format's packages), never in ours:
 
     $PEER_PYTHON bench/ultralytics_export.py --weights best.pt --data set_abs.yaml --format ncnn --imgsz 320 --out DIR
 
---data: a dataset yaml with an absolute `path:`. Prints one JSON line: {"file": the exported file or folder,
-"predictions": the predictions.json of YOLO(file).val(save_json=True)}, or {"error": "..."} when the export or the
-validation fails (the side-by-side table lists it as such).
+--data: a dataset yaml with an absolute `path:`. Prints a JSON line {"file": the exported file or folder} once
+exported, then {"file": ..., "predictions": the predictions.json of YOLO(file).val(save_json=True)}; or {"error":
+"..."} when the export or the validation fails (the side-by-side table lists it as such).
 """
 
 import argparse
@@ -36,8 +36,18 @@ out = Path(args.out).resolve()
 out.mkdir(parents=True, exist_ok=True)
 weights = out / Path(args.weights).name
 shutil.copy(args.weights, weights)  # Ultralytics writes the export beside the weights
+if args.format in ("saved_model", "pb"):
+    # Offline, Ultralytics' TensorFlow export fails: it downloads onnx2tf's sample images (20x128x128x3) from GitHub
+    # unless the file lies in the working directory. Random values of that shape, in a folder of the run's own.
+    os.chdir(out)
+    sample = Path("calibration_image_sample_data_20x128x128x3_float32.npy")
+    if not sample.exists():
+        import numpy as np
+
+        np.save(sample, np.random.default_rng(0).random((20, 128, 128, 3), dtype=np.float32))
 try:
     exported = YOLO(str(weights)).export(format=args.format, imgsz=args.imgsz, batch=1, device="cpu")
+    print(json.dumps({"file": str(exported)}), flush=True)  # the file exists even if its own val below crashes
     val = YOLO(exported, task="detect").val(
         data=args.data,
         imgsz=args.imgsz,
