@@ -130,6 +130,20 @@ def read_cells(out):
     return cells
 
 
+def object_shapes(gt_path, imgsz):
+    """'objects per val image / their size (the square root of the box's area), median px (share under 8 px)' once
+    each image is letterboxed to imgsz: under 8 px (a stride-8 cell) an object is hard to find at that size."""
+    if not gt_path.is_file():
+        return "?"
+    gt = json.loads(gt_path.read_text())
+    scale = {image["id"]: imgsz / max(image["width"], image["height"]) for image in gt["images"]}
+    sides = [(a["bbox"][2] * a["bbox"][3]) ** 0.5 * scale[a["image_id"]] for a in gt["annotations"]]
+    if not sides:
+        return "0"
+    small = sum(side < 8 for side in sides) / len(sides)
+    return f"{len(sides) / len(scale):.1f} / {statistics.median(sides):.0f} ({small:.0%})"
+
+
 def table(out, imgsz=320):
     """Markdown: a row per set (its images and classes), per pair of runs ours, Ultralytics and the ratio (means over
     seeds, the seed count when more than one); then the means over the sets where both sides have run. A cell not
@@ -149,20 +163,21 @@ def table(out, imgsz=320):
     def shown(v, n):
         return "-" if v is None else f"{v:.3f}" + (f" ({n})" if n > 1 else "")
 
-    head = "| set | images (train / val) | classes |"
+    head = f"| set | images (train / val) | classes | objects per image / size at {imgsz} px, median (under 8) |"
     for label, ours, peer in PAIRS:
         head += f" {ours} | {peer} | ratio |"
     lines = [f"\n{imgsz} px, mAP50-95 (pycocotools, val split), seed 0 unless (seeds); ratio = ours / Ultralytics\n"]
-    lines += [head, "|---" * (3 + 3 * len(PAIRS)) + "|"]
+    lines += [head, "|---" * (4 + 3 * len(PAIRS)) + "|"]
     for name in names:
         meta = info.get(name, {})
         counts = meta.get("images", {})
         row = [name, f"{counts.get('train', '?')} / {counts.get('val', '?')}", str(meta.get("classes", "?"))]
+        row.append(object_shapes(out / name / "data" / "val_gt.json", imgsz))
         for _, ours, peer in PAIRS:
             (a, na), (b, nb) = value(name, ours), value(name, peer)
             row += [shown(a, na), shown(b, nb), f"{a / b:.2f}" if a is not None and b else "-"]
         lines.append("| " + " | ".join(row) + " |")
-    row = ["**mean**", "", ""]
+    row = ["**mean**", "", "", ""]
     for _, ours, peer in PAIRS:
         both = [(value(n, ours)[0], value(n, peer)[0]) for n in names]
         both = [(a, b) for a, b in both if a is not None and b is not None]

@@ -248,6 +248,29 @@ def test_real_suite_prepares_every_set_runs_each_cell_once_and_tables_the_ratios
     suite.main()  # started again: every cell has run, none runs twice
     assert len(ran) == 3
     lines = (out / "table.md").read_text().splitlines()
-    row = f"| tiny | 6 / 3 | {len(names)} | 0.500 | 0.400 | 1.25 | - | - | - | 0.500 | - | - | 0.600 | - | - |"
+    shapes = suite.object_shapes(data / "val_gt.json", 320)
+    row = (
+        f"| tiny | 6 / 3 | {len(names)} | {shapes} | 0.500 | 0.400 | 1.25 | - | - | - | 0.500 | - | - | 0.600 | - | - |"
+    )
     assert row in lines  # ours-n twice: under the same recipe and against Ultralytics with a step per batch
-    assert "| **mean** |  |  | 0.500 | 0.400 | **1.25** | - | - | - | - | - | - | - | - | - |" in lines
+    assert "| **mean** |  |  |  | 0.500 | 0.400 | **1.25** | - | - | - | - | - | - | - | - | - |" in lines
+
+
+def test_real_suite_says_how_many_objects_an_image_holds_and_how_small_they_are_at_the_size(tmp_path):
+    """The table's shape column: objects per val image, the median of their size (the square root of the area) once
+    the image is letterboxed to the size, and the share under 8 px (where a set needs a larger --imgsz or --tile)."""
+    from bench.real_suite import object_shapes
+
+    gt = {
+        "images": [{"id": 1, "width": 640, "height": 320}, {"id": 2, "width": 640, "height": 320}],
+        "annotations": [  # at 320 px each side halves: sizes 5, 10 and 50 px
+            {"image_id": 1, "bbox": [0, 0, 5, 20]},
+            {"image_id": 1, "bbox": [0, 0, 40, 10]},
+            {"image_id": 2, "bbox": [0, 0, 100, 100]},
+        ],
+    }
+    path = tmp_path / "val_gt.json"
+    path.write_text(json.dumps(gt))
+    assert object_shapes(path, 320) == "1.5 / 10 (33%)"
+    assert object_shapes(path, 1280) == "1.5 / 40 (0%)"
+    assert object_shapes(tmp_path / "missing.json", 320) == "?"
