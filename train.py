@@ -223,7 +223,7 @@ model.to(device, memory_format=torch.channels_last)  # oneDNN's and cuDNN's fast
 if args.sync_bn and world_size > 1:
     model = sync_batchnorm(model, device)  # pitfall M3: torch's own, current SyncBN
 ema = ModelEMA(model, args.ema_decay, args.ema_tau) if is_main else None  # rank 0 alone validates and saves it
-optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weight_decay, args.backbone_lr)
+optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weight_decay)
 # fp16 only (bf16 has fp32's range); its scale goes into last.pt (pitfall T1: else a resume searches it again)
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
 loss_settings = dict(tiny_box=args.tiny_box, class_weights=class_weights, epochs=args.epochs, o2m_final=args.o2m_final)

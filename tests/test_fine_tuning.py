@@ -1,12 +1,10 @@
-"""The schedule a fine-tuning run (--weights) resolves to (issue 65, item 4), and --backbone-lr's per-layer rate:
-measured on the real suite's small sets (docs/training.md#fine-tuning-without-forgetting)."""
+"""The schedule a fine-tuning run (--weights) resolves to, measured on the real suite's small sets
+(docs/training.md, "Fine-tuning without forgetting")."""
 
 from argparse import Namespace
 
-import pytest
-
 from models.yolo import YOLO
-from utils.optim import BACKBONE, build_optimizer, set_learning_rate
+from utils.optim import build_optimizer, set_learning_rate
 from utils.settings import resolve_optimizer, warmup_length
 
 HYP = dict(lr0=0.002, lrf=0.01, schedule="linear", warmup_bias_lr=0.1, warmup_momentum=0.8, momentum=0.937)
@@ -39,27 +37,3 @@ def test_a_short_fine_tuning_run_keeps_the_100_iteration_warmup_floor():
     assert 0.15 * lr0 < peak < 0.25 * lr0
     assert rates.index(peak) in range(32, 48)  # epoch 5 of 10
     assert max(rates[-8:]) < 0.1 * peak
-
-
-@pytest.mark.parametrize("name", ["adamw", "musgd"])
-def test_backbone_lr_scales_the_backbones_whole_rate_and_1_changes_nothing(name):
-    """--backbone-lr 0.1: the backbone's three groups (first) train at a tenth of the others' rate, the biases' warmup
-    start included; the rest, MuSGD's class branches among them, as before. 1 (the default): the groups of before."""
-    model = YOLO("n" if name == "adamw" else "26n", nc=2)
-    plain = build_optimizer(model, name, 0.002, 0.9, 5e-4)  # backbone_lr 1.0: no backbone groups
-    assert not any(g["name"].endswith("_backbone") or g["layer_scale"] != 1.0 for g in plain.param_groups)
-    optimizer = build_optimizer(model, name, 0.002, 0.9, 5e-4, backbone_lr=0.1)
-    names = [g["name"] for g in optimizer.param_groups]
-    assert names[:3] == ["bias_backbone", "no_decay_backbone", "decay_backbone"]
-    assert names[3:] == [g["name"] for g in plain.param_groups]
-    in_backbone = {id(p) for n, p in model.named_parameters() if n.startswith(BACKBONE)}
-    for group in optimizer.param_groups:
-        assert all((id(p) in in_backbone) == group["name"].endswith("_backbone") for p in group["params"])
-    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
-    set_learning_rate(optimizer, 0, 0, HYP, 10, 100)  # the warmup's first step: biases start at warmup_bias_lr
-    rates = {g["name"]: g["lr"] for g in optimizer.param_groups}
-    assert rates["bias_backbone"] == pytest.approx(0.1 * rates["bias"]) == pytest.approx(0.01)
-    set_learning_rate(optimizer, 500, 5, HYP, 10, 100)  # past the warmup
-    rates = {g["name"]: g["lr"] for g in optimizer.param_groups}
-    assert rates["decay_backbone"] == pytest.approx(0.1 * rates["decay"]) and rates["decay"] > 0
-    assert rates["bias_backbone"] == pytest.approx(0.1 * rates["bias"])

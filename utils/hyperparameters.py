@@ -14,7 +14,6 @@ HYP = dict(
     warmup_momentum=0.8,
     warmup_bias_lr=0.1,  # biases start high and come down, with adamw too (RESULTS: ablation); fine-tuning adamw: 0.01
     nominal_batch=0,  # gradients are accumulated until a step has seen this many images; 0: 64, adamw one batch
-    backbone_lr=1.0,  # the backbone's (stem to SPPF) share of the rate: < 1 keeps pretrained features (training.md)
     accumulate_warmup=1,  # accumulation ramps from 1 micro-batch to the full count over the warmup (0: off)
     clip_grad=10.0,  # max gradient norm
     box=7.5, cls=0.5, dfl=1.5,  # loss gains

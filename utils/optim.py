@@ -7,36 +7,18 @@ import torch.nn as nn
 
 CLASS_BRANCHES = ("head.cls.", "head.one2one_cls.")  # what MuSGD trains at CLASS_LR_SCALE times the rate
 CLASS_LR_SCALE = 3.0
-# the backbone's top-level modules (models/yolo.py: stem to SPPF, and YOLO11's C2PSA after it): what --backbone-lr
-# scales, as a fraction of every other group's rate
-BACKBONE = (
-    "stem.",
-    "down2.",
-    "stage2.",
-    "down3.",
-    "stage3.",
-    "down4.",
-    "stage4.",
-    "down5.",
-    "stage5.",
-    "sppf.",
-    "psa.",
-)
 
 
-def build_optimizer(model, name, lr, momentum, weight_decay, backbone_lr=1.0):
+def build_optimizer(model, name, lr, momentum, weight_decay):
     """Three parameter groups: conv/linear weights (with weight decay), BatchNorm weights and all
     biases (without: decaying a BN scale or a bias towards zero only hurts). Frozen parameters
     (requires_grad=False) are left out: with weight decay on, a zero gradient still moves a
     parameter (pitfall T4). musgd, as Ultralytics builds it: the class branches' parameters in three more groups
-    (first) whose rate is CLASS_LR_SCALE times the others' (their `lr_scale`, which set_learning_rate applies).
-    backbone_lr < 1: the BACKBONE's parameters in three more groups (first) whose whole rate, the bias warmup's start
-    included, is backbone_lr times the others' (their `layer_scale`): a fine-tuning run keeps its trained features."""
-    split, in_backbone = name == "musgd", backbone_lr != 1.0
-    found = {}  # (kind, lr_scale, layer_scale): parameters
+    (first) whose rate is CLASS_LR_SCALE times the others' (their `lr_scale`, which set_learning_rate applies)."""
+    split = name == "musgd"
+    found = {}  # (kind, lr_scale): parameters
     for module_name, module in model.named_modules():
         scale = CLASS_LR_SCALE if split and f"{module_name}.".startswith(CLASS_BRANCHES) else 1.0
-        layer = backbone_lr if in_backbone and f"{module_name}.".startswith(BACKBONE) else 1.0
         for pname, p in module.named_parameters(recurse=False):
             if not p.requires_grad:
                 continue
@@ -46,20 +28,17 @@ def build_optimizer(model, name, lr, momentum, weight_decay, backbone_lr=1.0):
                 kind = "no_decay"
             else:
                 kind = "decay"
-            found.setdefault((kind, scale, layer), []).append(p)
+            found.setdefault((kind, scale), []).append(p)
     # Groups carry their name: the warmup and a resume find them by it, not by position. The plain decay group comes
     # last: train.py logs its rate.
-    parts = [(1.0, backbone_lr, "_backbone")] if in_backbone else []
-    parts += [(CLASS_LR_SCALE, 1.0, "_cls"), (1.0, 1.0, "")] if split else [(1.0, 1.0, "")]
     groups = [
         {
-            "name": kind + suffix,
-            "params": found.get((kind, scale, layer), []),
+            "name": kind + "_cls" * (scale != 1.0),
+            "params": found.get((kind, scale), []),
             "weight_decay": weight_decay if kind == "decay" else 0.0,
             "lr_scale": scale,
-            "layer_scale": layer,
         }
-        for scale, layer, suffix in parts
+        for scale in ([CLASS_LR_SCALE, 1.0] if split else [1.0])
         for kind in ("bias", "no_decay", "decay")
     ]
     if name == "sgd":
@@ -135,7 +114,7 @@ def load_optimizer_state(optimizer, state):
     """A resumed optimizer: its moments from `state`, its groups' names, rate scales and weight decay from this run
     (the decay is scaled by the batch, which a resume on other GPUs may change; older checkpoints had no names and
     no rate scales)."""
-    fresh = [{k: g[k] for k in ("name", "weight_decay", "lr_scale", "layer_scale")} for g in optimizer.param_groups]
+    fresh = [{k: g[k] for k in ("name", "weight_decay", "lr_scale")} for g in optimizer.param_groups]
     optimizer.load_state_dict(state)
     for group, settings in zip(optimizer.param_groups, fresh):
         group.update(settings)
@@ -153,17 +132,17 @@ def set_learning_rate(optimizer, iteration, epoch, hyp, epochs, warmup_iteration
     """Set lr (and momentum during warmup) of each group for this iteration. A pure function of
     (iteration, epoch), so a resumed run needs no scheduler state. Warmup: biases start high
     (warmup_bias_lr) and come down, the other groups rise from 0, momentum rises to its value. A group's
-    lr_scale (MuSGD's class branches) multiplies the rate it reaches, its layer_scale (--backbone-lr) the whole rate."""
+    lr_scale (MuSGD's class branches) multiplies the rate it reaches."""
     lr = hyp["lr0"] * lr_factor(epoch, epochs, hyp["lrf"], hyp["schedule"])
     for group in optimizer.param_groups:
         target = lr * group["lr_scale"]
         if iteration < warmup_iterations:
             t = iteration / warmup_iterations
             start = hyp["warmup_bias_lr"] if group["name"].startswith("bias") else 0.0
-            group["lr"] = (start + (target - start) * t) * group["layer_scale"]
+            group["lr"] = start + (target - start) * t
             m = hyp["warmup_momentum"] + (hyp["momentum"] - hyp["warmup_momentum"]) * t
         else:
-            group["lr"] = target * group["layer_scale"]
+            group["lr"] = target
             m = hyp["momentum"]
         if "momentum" in group:
             group["momentum"] = m
