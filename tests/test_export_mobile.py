@@ -9,7 +9,14 @@ import sys
 
 import pytest
 import torch
-from calibrated_model import CONF, batch_of, make_checkpoint, one_thread, pytorch_model  # noqa: F401
+from calibrated_model import (  # noqa: F401 (one_thread: autouse fixture)
+    CONF,
+    assert_gives_the_final_detections,
+    batch_of,
+    make_checkpoint,
+    one_thread,
+    pytorch_model,
+)
 from cuda_emulator import CudaEmulator
 
 import export
@@ -17,7 +24,7 @@ from models.predict import load
 from utils.checkpoints.ours import CheckpointError
 from utils.export import formats as export_formats
 from utils.export import mobile
-from utils.inference import compare_detections, load_exported, postprocess
+from utils.inference import load_exported
 
 NAMES = ["ring", "box", "blob"]
 FILES = {"ncnn": "best_ncnn_model", "mnn": "best.mnn", "executorch": "best.pte", "paddle": "best_paddle_model"}
@@ -58,17 +65,7 @@ def test_yolo26_end_to_end_runs_in_each_phone_format(exported, name):
     anchor and the loader picks the best 300, as the graph does elsewhere; MNN and ExecuTorch run the graph's TopK.
     Each gives PyTorch's final detections."""
     weights = exported["26n"]
-    model = load_exported(weights.parent / FILES[name])
-    assert model["end2end"] and model["nms"] is None
-    x = batch_of([3], 96, 96)
-    with torch.no_grad():
-        ours = pytorch_model(weights)(x)
-    theirs = model["run"](x)
-    assert theirs.shape == ours.shape == (1, 189, 6)
-    assert torch.allclose(theirs[..., 4], ours[..., 4], atol=1e-4)  # scores, best first
-    detections = postprocess(theirs, model, CONF)[0]
-    boxes, scores, unmatched = compare_detections(ours[0][ours[0, :, 4] > CONF], detections, CONF)
-    assert len(detections) >= 5 and unmatched == 0 and boxes < 1e-2 and scores < 1e-4
+    assert_gives_the_final_detections(weights, load_exported(weights.parent / FILES[name]))
 
 
 @pytest.mark.parametrize("name", ["ncnn", "mnn"])

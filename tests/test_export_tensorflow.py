@@ -15,7 +15,15 @@ import pytest
 import torch
 import warm_python
 import yaml
-from calibrated_model import CONF, ROOT, batch_of, make_checkpoint, one_thread, pytorch_model  # noqa: F401
+from calibrated_model import (  # noqa: F401 (one_thread: autouse fixture)
+    CONF,
+    ROOT,
+    assert_gives_the_final_detections,
+    batch_of,
+    make_checkpoint,
+    one_thread,
+    pytorch_model,
+)
 from test_deploy import write_split
 
 import export
@@ -23,7 +31,7 @@ from models.predict import load, predict
 from utils.checkpoints.ours import CheckpointError
 from utils.export import formats as export_formats
 from utils.export import tensorflow as tf_export
-from utils.inference import compare_detections, load_exported, postprocess
+from utils.inference import compare_detections, load_exported
 
 NAMES = ["ring", "box", "blob"]
 FILES = {"saved_model": "best_saved_model", "pb": "best.pb"}
@@ -119,16 +127,8 @@ def test_val_py_and_predict_run_them_with_no_flag(exported, tmp_path):
 def test_yolo26_end_to_end_runs_its_topk_inside_both(exported, name):
     e2e = exported[1]
     model = load_exported(e2e.parent / FILES[name])
-    assert model["end2end"] and model["nms"] is None and "topk_outside" not in model
-    x = batch_of([3], 96, 96)
-    with torch.no_grad():
-        ours = pytorch_model(e2e)(x)
-    theirs = model["run"](x)
-    assert theirs.shape == ours.shape == (1, 189, 6)
-    assert torch.allclose(theirs[..., 4], ours[..., 4], atol=1e-4)  # scores, best first
-    detections = postprocess(theirs, model, CONF)[0]
-    boxes, scores, unmatched = compare_detections(ours[0][ours[0, :, 4] > CONF], detections, CONF)
-    assert len(detections) >= 5 and unmatched == 0 and boxes < 1e-2 and scores < 1e-4
+    assert "topk_outside" not in model
+    assert_gives_the_final_detections(e2e, model)
 
 
 def test_refused_options_and_missing_packages_are_one_sentence(exported, tmp_path, monkeypatch):
