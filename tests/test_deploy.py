@@ -17,13 +17,11 @@ import shutil
 import sys
 from pathlib import Path
 
-import cv2
 import numpy as np
 import pytest
 import torch
 import warm_python
-import yaml
-from calibrated_model import make_checkpoint, one_thread, scene  # noqa: F401 (one_thread: autouse fixture)
+from calibrated_model import labelled_checkpoint, make_checkpoint, one_thread, scene  # noqa: F401 (one_thread)
 
 import export
 from models.predict import load, predict
@@ -51,36 +49,10 @@ FORMATS = {  # --benchmark's files, by the label the table gives them
 }
 
 
-def write_split(folder, model, seeds, size=64):
-    """Images of the test scenes and, as labels, the model's own detections above 0.3 (YOLO txt)."""
-    (folder / "images").mkdir(parents=True)
-    (folder / "labels").mkdir(parents=True)
-    for seed in seeds:
-        img = scene(seed, size, size)
-        cv2.imwrite(str(folder / "images" / f"{seed}.png"), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
-        found = predict(model, img, conf=0.3, rgb=True)
-        rows = [
-            f"{c} {(x1 + x2) / 2 / size:.6f} {(y1 + y2) / 2 / size:.6f} {(x2 - x1) / size:.6f} {(y2 - y1) / size:.6f}"
-            for (x1, y1, x2, y2), c in zip(found.boxes.clip(0, size), found.classes)
-        ]
-        (folder / "labels" / f"{seed}.txt").write_text("\n".join(rows))
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """best.pt whose checkpoint names a dataset (train 12, val 8 images) that it scores a high mAP on."""
-    root = tmp_path_factory.mktemp("deploy")
-    weights = make_checkpoint(root / "run" / "best.pt")
-    model = load(weights)
-    write_split(root / "set" / "train", model, range(100, 112))
-    write_split(root / "set" / "val", model, range(200, 208))
-    data = root / "set.yaml"
-    data.write_text(
-        yaml.safe_dump({"path": str(root / "set"), "train": "train/images", "val": "val/images", "names": NAMES})
-    )
-    checkpoint = torch.load(weights, weights_only=True)
-    torch.save({**checkpoint, "args": {"data": str(data)}}, weights)
-    return weights
+    return labelled_checkpoint(tmp_path_factory.mktemp("deploy"), NAMES, train=range(100, 112))
 
 
 @pytest.fixture(scope="module")

@@ -14,17 +14,16 @@ import numpy as np
 import pytest
 import torch
 import warm_python
-import yaml
 from calibrated_model import (  # noqa: F401 (one_thread: autouse fixture)
     CONF,
     ROOT,
     assert_gives_the_final_detections,
     batch_of,
+    labelled_checkpoint,
     make_checkpoint,
     one_thread,
     pytorch_model,
 )
-from test_deploy import write_split
 
 import export
 from models.predict import load, predict
@@ -43,15 +42,7 @@ def exported(tmp_path_factory):
     and scored by the gate (export.py exits if a file and PyTorch disagree or the mAP drops); YOLO26n's end-to-end
     graph at 96 px likewise, without a set. Returns the two checkpoints and what the first export printed."""
     root = tmp_path_factory.mktemp("tensorflow")
-    weights = make_checkpoint(root / "run" / "best.pt")
-    model = load(weights)
-    write_split(root / "set" / "train", model, range(100, 102))
-    write_split(root / "set" / "val", model, range(200, 208))
-    data = root / "set.yaml"
-    data.write_text(
-        yaml.safe_dump({"path": str(root / "set"), "train": "train/images", "val": "val/images", "names": NAMES})
-    )
-    torch.save({**torch.load(weights, weights_only=True), "args": {"data": str(data)}}, weights)
+    weights = labelled_checkpoint(root, NAMES, train=range(100, 102))
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         export.main(["--weights", str(weights), *(f"--{name}" for name in ("saved-model", "pb")), "--runs", "1"])

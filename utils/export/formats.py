@@ -60,6 +60,8 @@ ONNX2TF = Package("onnx2tf", "onnx2tf")  # ONNX -> TensorFlow converter; 1.28 de
 ONNX_GRAPHSURGEON = Package("onnx_graphsurgeon", "onnx_graphsurgeon")  # onnx2tf's graph editing, our folding too
 SNG4ONNX = Package("sng4onnx", "sng4onnx")  # onnx2tf names unnamed nodes with it
 PSUTIL = Package("psutil", "psutil")  # onnx2tf imports it
+# converted from the fp32 ONNX graph by onnx2tf, which runs it in ONNX Runtime and imports LiteRT's interpreter
+TENSORFLOW_WRITE = (ONNX, ONNX2TF, TF_KERAS, ONNX_GRAPHSURGEON, SNG4ONNX, PSUTIL, ONNXRUNTIME, LITERT)
 
 
 def not_macos():
@@ -222,8 +224,7 @@ FORMATS = (
         load_saved_model,
         options=(),
         run_packages=(TENSORFLOW,),
-        # converted from the fp32 ONNX graph by onnx2tf, which runs it in ONNX Runtime and imports LiteRT's interpreter
-        write_packages=(ONNX, ONNX2TF, TF_KERAS, ONNX_GRAPHSURGEON, SNG4ONNX, PSUTIL, ONNXRUNTIME, LITERT),
+        write_packages=TENSORFLOW_WRITE,
         folder=True,
         folder_name="{stem}_saved_model",
         file_name="saved_model.pb",
@@ -238,7 +239,7 @@ FORMATS = (
         load_pb,
         options=(),
         run_packages=(TENSORFLOW,),
-        write_packages=(ONNX, ONNX2TF, TF_KERAS, ONNX_GRAPHSURGEON, SNG4ONNX, PSUTIL, ONNXRUNTIME, LITERT),
+        write_packages=TENSORFLOW_WRITE,
         refusal="exports the fp32 network at a fixed size",
     ),
     ExportFormat(
