@@ -43,6 +43,7 @@ def emulated_gpu(request):
         yield gpu
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """Two workers (pytest-xdist, pytest.ini: -n 2 --dist loadgroup) on this 2-core machine, where one worker used
     ~0.9 cores: each test file runs whole on one worker, so its module fixtures (a trained model, an export) are

@@ -13,6 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # as tests/conftest.py groups the real tests: one group per file, which is where a replaced worker used to hang
 GROUPS = """import pytest
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     for item in items:
         item.add_marker(pytest.mark.xdist_group(item.module.__name__))
@@ -36,6 +37,18 @@ def test_a_hung_test_fails_after_its_time_limit_with_its_name(tmp_path):
     assert seconds < 120
 
 
+def test_a_files_tests_share_one_worker_so_its_module_fixtures_are_built_once(tmp_path):
+    """tests/conftest.py's groups reach pytest-xdist: else each worker builds a file's module fixtures (an export of
+    every format, a trained model) again, which once doubled the suite's time unnoticed (requirements-dev.txt)."""
+    counted = "import os, time, pytest\n\n@pytest.fixture(scope='module')\ndef built():\n"
+    counted += "    with open('built.txt', 'a') as f:\n        f.write(os.environ['PYTEST_XDIST_WORKER'] + '\\n')\n\n"
+    tests = "".join(f"def test_{k}(built):\n    time.sleep(0.3)\n\n" for k in range(6))
+    (tmp_path / "test_grouped.py").write_text(counted + tests)
+    _, code, output = run_suite(tmp_path)
+    assert code == 0, output
+    assert len((tmp_path / "built.txt").read_text().split()) == 1, "the module fixture was built on both workers"
+
+
 def test_a_killed_worker_stops_the_run_naming_its_test(tmp_path):
     """The kernel's out-of-memory killer, as SIGKILL: the run ends with the test named (a replaced worker would have
     left --dist loadgroup waiting for the rest of the killed worker's group forever)."""
@@ -43,7 +56,7 @@ def test_a_killed_worker_stops_the_run_naming_its_test(tmp_path):
     (tmp_path / "test_killed.py").write_text(killed + "\ndef test_after():\n    pass\n")
     (tmp_path / "test_other.py").write_text("import time\n\ndef test_other():\n    time.sleep(2)\n")
     seconds, code, output = run_suite(tmp_path)
-    assert code == 1 and "crashed while running 'test_killed.py::test_killed'" in output, output
+    assert code == 1 and "crashed while running 'test_killed.py::test_killed" in output, output
     assert seconds < 120
 
 
