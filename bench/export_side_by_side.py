@@ -7,7 +7,8 @@ file (its detections scored by bench/score_detections.py against the same ground
         --weights runs/real_suite/microcontrollers/peer-v8n/320px/e20/s0/peer/train/weights/best.pt \
         --data runs/real_suite/microcontrollers/data/yolo.yaml --imgsz 320
 
-The peer environment needs the formats' packages too (pnnx ncnn MNN executorch litert-torch ai-edge-litert; for
+The peer environment needs the formats' packages too (pnnx ncnn MNN executorch litert-torch ai-edge-litert;
+paddlepaddle<3.3 x2paddle six for Paddle; for
 TensorFlow: tensorflow-cpu<=2.19 tf_keras<=2.19 onnx2tf<1.29 sng4onnx onnx_graphsurgeon, Ultralytics' own pins).
 Latency: the median of --runs calls of the bare network, batch 1, the two files' calls interleaved (a load that
 drifts slows both alike), in the format's runtime with the same settings for both files (ONNX Runtime's defaults;
@@ -46,6 +47,7 @@ SHARED = {
     "executorch": "executorch",
     "saved_model": "saved_model",
     "pb": "pb",
+    "paddle": "paddle",
 }
 THREADS = 2
 
@@ -124,7 +126,33 @@ def bare_runner(path, fmt):
         return tflite_runner(path)
     if fmt in ("saved_model", "pb"):
         return tensorflow_runner(path, fmt)
+    if fmt == "paddle":
+        return paddle_runner(path)
     raise ValueError(fmt)
+
+
+def paddle_runner(path):
+    """A Paddle inference model's predictor (ours: best.json; Ultralytics': x2paddle's inference_model/model.json or
+    .pdmodel), both with the settings utils/export/paddle_inference.py uses (CPU, oneDNN off)."""
+    import paddle.inference
+
+    params = path if path.suffix == ".pdiparams" else sorted(path.rglob("*.pdiparams"))[0]
+    program = next(p for p in (params.with_suffix(".json"), params.with_suffix(".pdmodel")) if p.exists())
+    config = paddle.inference.Config(str(program), str(params))
+    config.disable_gpu()
+    config.disable_mkldnn()
+    config.set_cpu_math_library_num_threads(THREADS)
+    config.disable_glog_info()
+    predictor = paddle.inference.create_predictor(config)
+    model_input = predictor.get_input_handle(predictor.get_input_names()[0])
+    model_output = predictor.get_output_handle(predictor.get_output_names()[0])
+
+    def run(x):
+        model_input.copy_from_cpu(x)
+        predictor.run()
+        return model_output.copy_to_cpu()
+
+    return run
 
 
 def tensorflow_runner(path, fmt):
