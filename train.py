@@ -224,6 +224,34 @@ if args.sync_bn and world_size > 1:
     model = sync_batchnorm(model, device)  # pitfall M3: torch's own, current SyncBN
 ema = ModelEMA(model, args.ema_decay, args.ema_tau) if is_main else None  # rank 0 alone validates and saves it
 optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weight_decay)
+FEAT_GAIN = float(__import__("os").environ.get("FEAT_GAIN", "0"))  # PROBE feature mimicking, Ultralytics' form
+
+
+def neck_widths(net):
+    return [next(m for m in net.head.box[i].modules() if isinstance(m, torch.nn.Conv2d)).in_channels for i in range(3)]
+
+
+adapters = None
+if teacher and FEAT_GAIN:
+    adapters = torch.nn.ModuleList(
+        torch.nn.Conv2d(cs, ct, 1) for cs, ct in zip(neck_widths(model), neck_widths(teacher))
+    ).to(device)
+    optimizer.add_param_group(
+        {"params": list(adapters.parameters()), "name": "mimic", "lr_scale": 1.0, "weight_decay": 0.0}
+    )
+    log.info(f"PROBE feature mimicking, gain {FEAT_GAIN}: {neck_widths(model)} -> {neck_widths(teacher)}")
+
+
+def mimic_loss(student_feats, teacher_feats, teacher_logits):
+    """Score-weighted L2 of the adapted student neck features against the teacher's (Ultralytics' loss_sl2)."""
+    total = 0.0
+    for adapter, s, t, logits in zip(adapters, student_feats, teacher_feats, teacher_logits):
+        w = logits.float().sigmoid().amax(1, keepdim=True)  # b, 1, h, w
+        s, t = adapter(s.float()), t.float()
+        total = total + ((s - t) ** 2 * w).sum() / (w.sum() * t.shape[1] + 1e-9)
+    return total
+
+
 # fp16 only (bf16 has fp32's range); its scale goes into last.pt (pitfall T1: else a resume searches it again)
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
 loss_settings = dict(tiny_box=args.tiny_box, class_weights=class_weights, epochs=args.epochs, o2m_final=args.o2m_final)
@@ -324,7 +352,14 @@ def forward_loss(images, targets, size, last_micro_step):
             maps = model(images)
         with torch.no_grad():  # --teacher: frozen and in eval, on the same augmented batch, in its own (AMP) dtype
             teacher_maps = teacher(images.to(teacher_dtype))[1] if teacher else None
-        return loss_fn(maps, targets, teacher_maps)
+        total, parts = loss_fn(maps, targets, teacher_maps)
+        if adapters is not None:
+            nc_ = loss_fn.nc
+            t_logits = [
+                m[:, -nc_:] for m in (teacher_maps["one2many"] if isinstance(teacher_maps, dict) else teacher_maps)
+            ]
+            total = total + FEAT_GAIN * mimic_loss(unwrap(model).neck, teacher.neck, t_logits) * images.shape[0]
+        return total, parts
     except torch.OutOfMemoryError:
         return None  # returned from here, the failed step's graph is released with this frame
 

@@ -174,6 +174,7 @@ class YOLO(nn.Module):
         t3 = run(self.top3, torch.cat((self.up(t4), p3), 1))
         b4 = run(self.bottom4, torch.cat((self.down_p3(t3), t4), 1))
         b5 = run(self.bottom5, torch.cat((self.down_p4(b4), p5), 1))
+        self.neck = (t3, b4, b5)  # PROBE feature mimicking
         return self.head([t3, b4, b5])
 
     @torch.no_grad()

@@ -104,6 +104,12 @@ def one_to_many_weight(epoch, epochs, final=0.1):
     return final + (0.8 - final) * max(1 - epoch / max(epochs - 1, 1), 0)
 
 
+import os  # noqa: E402
+
+LD_GAIN = float(os.environ.get("LD_GAIN", "3"))  # PROBE: x distill gain 0.5 = DFL's 1.5
+LD_T = float(os.environ.get("LD_T", "10"))
+
+
 def take(t, index):
     """(b, A, c) -> (b, k, c): the anchors `index` (b, k) of each image."""
     return t.gather(1, index.unsqueeze(-1).expand(-1, -1, t.shape[-1]))
@@ -175,7 +181,7 @@ class DetectionLoss:
         """teacher_maps: the teacher's raw maps of the same batch (train.py --teacher), for the `distill` part."""
         device = (maps["one2many"] if isinstance(maps, dict) else maps)[0].device
         with torch.autocast(device.type, enabled=False):  # fp32 even when called inside autocast
-            teacher = self.class_logits(teacher_maps) if teacher_maps is not None else None
+            teacher = self.teacher_outputs(teacher_maps) if teacher_maps is not None else None
             if not isinstance(maps, dict):
                 return self.fp32_loss([m.float() for m in maps], self.padded(targets, maps[0]), teacher=teacher)
             padded = self.padded(targets, maps["one2many"][0])  # once for both branches: one host read
@@ -237,7 +243,12 @@ class DetectionLoss:
         terms = (loss_box, loss_cls, loss_distance)  # in the order of self.names
         if self.distill:  # normalised as the class term is, so that its gain reads like --cls's
             no_teacher = teacher is None
-            loss_distill = loss_cls.new_zeros(()) if no_teacher else self.distill_term(pred_logits, teacher) / score_sum
+            loss_distill = (
+                loss_cls.new_zeros(()) if no_teacher else self.distill_term(pred_logits, teacher[1]) / score_sum
+            )
+            if not no_teacher and LD_GAIN and reg_max > 1 and teacher[0].shape[-1] == 4 * reg_max:
+                ld = self.ld_term(take(pred_distri, index), take(teacher[0], index), reg_max)
+                loss_distill = loss_distill + LD_GAIN * (ld * weight).sum() / score_sum
             terms = (*terms, loss_distill)
         parts = torch.stack([term * gain for term, gain in zip(terms, self.gains)])
         return parts.sum() * b, parts.detach()
@@ -289,6 +300,21 @@ class DetectionLoss:
             self.class_weights = self.class_weights.to(pred_logits.device)  # once: a copy per step would be a sync
         bce = F.binary_cross_entropy_with_logits(pred_logits, target_scores, self.class_weights, reduction="none")
         return bce.sum()
+
+    @staticmethod
+    def ld_term(student, teacher, reg_max, temperature=LD_T):
+        """PROBE localization distillation: KL of the student's DFL bins from the teacher's, softened by T, per anchor
+        (b, k), mean over the 4 sides, times T^2."""
+        b, k = student.shape[:2]
+        s = F.log_softmax(student.view(b, k, 4, reg_max) / temperature, -1)
+        t = F.softmax(teacher.view(b, k, 4, reg_max) / temperature, -1)
+        return (t * (t.clamp_min(1e-12).log() - s)).sum(-1).mean(-1) * temperature**2
+
+    def teacher_outputs(self, maps):
+        """PROBE: (box logits, class logits) of the teacher."""
+        maps = maps["one2many"] if isinstance(maps, dict) else maps
+        flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2).float()
+        return flat[..., : -self.nc], flat[..., -self.nc :]
 
     def class_logits(self, maps):
         """The teacher's raw maps (its one-to-many branch's where it has two heads) -> class logits (b, A, nc), fp32,
