@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 # as tests/conftest.py groups the real tests: one group per file, which is where a replaced worker used to hang
@@ -66,3 +67,16 @@ def test_a_test_that_runs_away_with_memory_fails_with_a_memory_error():
     assert soft != resource.RLIM_INFINITY and soft <= physical  # so the allocation below is refused, never made
     with pytest.raises(MemoryError):
         bytearray(soft + 2**30)
+
+
+def test_a_warm_run_gets_the_threads_a_new_python_would(tmp_path, monkeypatch):
+    """tests/warm_python.py forks a server that imported torch: after a library changed the worker's environment
+    (`import paddle` sets OMP_NUM_THREADS=1), its forks must run as a `python` started now does, or a resume test that
+    compares a warm run with a started one is not bitwise."""
+    script = tmp_path / "threads.py"
+    script.write_text("import torch\nprint(torch.get_num_threads())\n")
+    cold = lambda: subprocess.run([sys.executable, script], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    warm = lambda: warm_python.run([sys.executable, str(script)], tmp_path).stdout.strip()  # noqa: E731
+    assert warm() == cold()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert warm() == cold() == "1"

@@ -82,15 +82,27 @@ def readline(fd, deadline):
     return data
 
 
-_server = None
+_server, _server_env = None, None
 
 
-def _start():
-    global _server
+def import_time(env):
+    """The variables of `env` that what the server imported has read already (torch's OpenMP threads among them)."""
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES)}
+
+
+def _start(env):
+    """The server, started again when the import-time environment changed since it started: a library imported in
+    this worker may set one (`import paddle` sets OMP_NUM_THREADS=1), and a fork of a server that read the old value
+    would run with other threads than a `python` started now (other float sums: not bitwise)."""
+    global _server, _server_env
+    if _server is not None and _server.poll() is None and import_time(env) != _server_env:
+        _server.kill()
+        _server.wait()
     if _server is None or _server.poll() is not None:
         _server = subprocess.Popen(
-            [sys.executable, __file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+            [sys.executable, __file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=env
         )
+        _server_env = import_time(env)
         atexit.register(_server.kill)
     return _server
 
@@ -103,7 +115,7 @@ def run(cmd, cwd, env=None, timeout=300):
         env.get(k) != os.environ.get(k) for k in {*env, *os.environ} if k.startswith(IMPORT_TIME_PREFIXES)
     ):
         return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    server = _start()
+    server = _start(env)
     with tempfile.TemporaryDirectory() as folder:
         out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
         for path in (out, err):
