@@ -35,6 +35,7 @@ from peer import find_peer_python  # noqa: E402
 from score_detections import score  # noqa: E402
 
 from utils.export.formats import by_name, file_size, output_path  # noqa: E402
+from utils.export.paddle_inference import paddle_predictor  # noqa: E402
 
 # our flag -> Ultralytics' format name
 SHARED = {
@@ -132,27 +133,11 @@ def bare_runner(path, fmt):
 
 
 def paddle_runner(path):
-    """A Paddle inference model's predictor (ours: best.json; Ultralytics': x2paddle's inference_model/model.json or
-    .pdmodel), both with the settings utils/export/paddle_inference.py uses (CPU, oneDNN off)."""
-    import paddle.inference
-
+    """A Paddle inference model (ours: best.json; Ultralytics': x2paddle's inference_model/model.json or .pdmodel) with
+    the predictor settings export.py's loader uses."""
     params = path if path.suffix == ".pdiparams" else sorted(path.rglob("*.pdiparams"))[0]
     program = next(p for p in (params.with_suffix(".json"), params.with_suffix(".pdmodel")) if p.exists())
-    config = paddle.inference.Config(str(program), str(params))
-    config.disable_gpu()
-    config.disable_mkldnn()
-    config.set_cpu_math_library_num_threads(THREADS)
-    config.disable_glog_info()
-    predictor = paddle.inference.create_predictor(config)
-    model_input = predictor.get_input_handle(predictor.get_input_names()[0])
-    model_output = predictor.get_output_handle(predictor.get_output_names()[0])
-
-    def run(x):
-        model_input.copy_from_cpu(x)
-        predictor.run()
-        return model_output.copy_to_cpu()
-
-    return run
+    return paddle_predictor(program, params, THREADS)
 
 
 def tensorflow_runner(path, fmt):

@@ -55,8 +55,6 @@ def write_paddle(module, x, path, args, metadata, calibration):
 def load_paddle(path, device):
     """A Paddle folder (export.py writes best_paddle_model/best.json, best.pdiparams, metadata.json) or its
     .pdiparams."""
-    import paddle.inference
-
     params = path if path.suffix == ".pdiparams" else next(iter(sorted(path.glob("*.pdiparams"))), None)
     program = params and next(iter(sorted(params.parent.glob(f"{params.stem}.json"))), None)
     if program is None:
@@ -68,21 +66,34 @@ def load_paddle(path, device):
     except (OSError, ValueError):
         strings = {}
     meta = parse_metadata(strings, path)
-    config = paddle.inference.Config(str(program), str(params))
-    config.disable_gpu()
-    config.disable_mkldnn()  # see the module's docstring
-    config.set_cpu_math_library_num_threads(torch.get_num_threads())
-    config.disable_glog_info()
     try:
-        predictor = paddle.inference.create_predictor(config)
+        run_array = paddle_predictor(program, params, torch.get_num_threads())
     except Exception as e:
         raise CheckpointError(f"{path} is not a Paddle model this Paddle can load ({first_line(e)})") from None
+
+    def run_batch(x):
+        return torch.from_numpy(run_array(x.detach().float().cpu().contiguous().numpy())).float()
+
+    return {**meta, "run": outside_topk(any_batch(run_batch, meta["batch"]), meta), "device": torch.device("cpu")}
+
+
+def paddle_predictor(program, params, threads):
+    """run(array) -> its first output as an array, by Paddle Inference's CPU predictor of a program (.json or
+    .pdmodel) and its weights (.pdiparams), oneDNN off (see the module's docstring)."""
+    import paddle.inference
+
+    config = paddle.inference.Config(str(program), str(params))
+    config.disable_gpu()
+    config.disable_mkldnn()
+    config.set_cpu_math_library_num_threads(threads)
+    config.disable_glog_info()
+    predictor = paddle.inference.create_predictor(config)
     model_input = predictor.get_input_handle(predictor.get_input_names()[0])
     model_output = predictor.get_output_handle(predictor.get_output_names()[0])
 
-    def run_batch(x):
-        model_input.copy_from_cpu(x.detach().float().cpu().contiguous().numpy())
+    def run(x):
+        model_input.copy_from_cpu(x)
         predictor.run()
-        return torch.from_numpy(model_output.copy_to_cpu()).float()
+        return model_output.copy_to_cpu()
 
-    return {**meta, "run": outside_topk(any_batch(run_batch, meta["batch"]), meta), "device": torch.device("cpu")}
+    return run
