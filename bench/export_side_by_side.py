@@ -192,13 +192,14 @@ def tflite_runner(path):
 
 
 def paired_latency(paths, fmt, imgsz, runs):
-    """Median ms of each file's bare network, the files' calls interleaved (a, b, a, b, ...) so that a machine whose
-    load drifts slows both alike."""
+    """Median ms of each file's bare network, the files' calls interleaved so that a machine whose load drifts slows
+    both alike, in turns (a, b, b, a, ...): the file called second ran about 2% faster or slower by its place alone."""
     runs_of = [runner(path, fmt) for path in paths]
     x = np.random.default_rng(0).random((1, 3, imgsz, imgsz), dtype=np.float32)
     times = [[] for _ in paths]
     for i in range(runs + 3):
-        for run, kept in zip(runs_of, times):
+        turn = list(zip(runs_of, times))
+        for run, kept in turn[::-1] if i % 2 else turn:
             start = time.perf_counter()
             run(x)
             if i >= 3:  # the first calls allocate and pick kernels

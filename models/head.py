@@ -92,10 +92,14 @@ class Detect(nn.Module):
         """One copy of the head on the 3 levels: per level, the box outputs then the class logits."""
         return [torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(feats, boxes, classes)]
 
+    # An exporter that traces at one fixed size may set (anchors, strides) here (utils/export/writers.py, LiteRT):
+    # computed in the graph, the grid cost the n model's LiteRT file 2-3% at 320 px (bench/RESULTS.md)
+    fixed_anchors = None
+
     def split(self, maps):
         """Raw maps -> anchors and strides (anchors, 2 and 1), box outputs (batch, anchors, 4 * reg_max), class
         logits (batch, anchors, nc); float32 (see decode)."""
-        anchors, strides = make_anchors(maps, self.strides)
+        anchors, strides = self.fixed_anchors or make_anchors(maps, self.strides)
         flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2).float()  # batch, anchors, 4*reg_max + nc
         return anchors, strides, *flat.split((4 * self.reg_max, self.nc), 2)
 

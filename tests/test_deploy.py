@@ -25,6 +25,8 @@ from calibrated_model import labelled_checkpoint, make_checkpoint, one_thread, s
 
 import export
 from models.predict import load, predict
+from models.weights import load_weights
+from utils.boxes import make_anchors
 from utils.checkpoints.ours import CheckpointError
 from utils.export import formats as export_formats
 from utils.export import writers as export_writers
@@ -269,3 +271,22 @@ def test_tflite_without_its_packages_and_a_foreign_tflite_are_one_sentence(train
         CheckpointError, match=r"best\.tflite \(a TFLite model\) needs ai-edge-litert, .*: pip install ai-edge-litert$"
     ):
         load(benchmark[0] / "best.tflite")
+
+
+@torch.no_grad()
+def test_the_tflite_file_holds_its_anchor_grid_as_constants_and_the_fixed_grid_answers_as_the_computed_one(
+    trained, benchmark
+):
+    """litert-torch keeps the ops that build the anchor grid, which cost the file 2-3% of its time at 320 px against
+    Ultralytics' (bench/RESULTS.md): the writer gives the head its grid as constants (Detect.fixed_anchors), which
+    must answer exactly as the grid computed from the maps."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    ops = {op["op_name"] for op in Interpreter(model_path=str(benchmark[0] / "best.tflite"))._get_ops_details()}
+    assert not ops & {"RANGE", "BROADCAST_TO"}, sorted(ops)
+    network = load_weights(trained).model.eval()
+    x = torch.rand(2, 3, 96, 128)
+    computed = network(x)
+    head = network.head
+    head.fixed_anchors = make_anchors([x.new_empty(0, 0, 96 // s, 128 // s) for s in head.strides], head.strides)
+    assert torch.equal(network(x), computed)
