@@ -52,6 +52,7 @@ from utils.distributed import (
     node_share,
     setup_distributed,
     sync_batchnorm,
+    teacher_dtype_for,
     wrap_ddp,
 )
 from utils.ema import ModelEMA, unwrap
@@ -178,7 +179,7 @@ except ValueError as e:
 # initialises the tensors that match (ours or an Ultralytics .pt, read without running code from it).
 init_path = args.model if args.model.endswith(".pt") else args.weights
 use_amp, amp_dtype = amp_settings(device, args.amp, args.amp_dtype)  # auto: bf16 where the hardware has it, else fp16
-teacher_dtype = amp_dtype if use_amp else torch.float32
+teacher_dtype = teacher_dtype_for(device, use_amp, amp_dtype)  # bf16 on a CPU that has it, even in an fp32 run
 try:  # a resume has its own weights; an exported file (.onnx, ...) is refused in one sentence
     init_ckpt = load_weights(init_path, build=False).checkpoint if init_path and not resume_ckpt else None
     scale, reg_max = architecture(args.model, args.reg_max, resume_ckpt, init_ckpt)

@@ -274,3 +274,18 @@ def test_real_suite_says_how_many_objects_an_image_holds_and_how_small_they_are_
     assert object_shapes(path, 320) == "1.5 / 10 (33%)"
     assert object_shapes(path, 1280) == "1.5 / 40 (0%)"
     assert object_shapes(tmp_path / "missing.json", 320) == "?"
+
+
+def test_distill_cost_times_a_step_without_a_teacher_and_with_it_in_fp32_and_bf16(tmp_path):
+    """bench/distill_cost.py, the figure behind issue 66's cost aim (RESULTS.md "Distillation"): three rows, the
+    step without a teacher the 1.00x the others are divided by."""
+    from train_runs import make_checkpoint
+
+    teacher = make_checkpoint(tmp_path / "s.pt")
+    command = [sys.executable, "bench/distill_cost.py", "--teacher", str(teacher), "--imgsz", "64", "--batch", "2"]
+    done = subprocess.run([*command, "--steps", "1"], cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    rows = [line.strip() for line in done.stdout.splitlines() if "ms per step" in line]
+    labels = ["without a teacher", "with the teacher in fp32", "with the teacher in bf16"]
+    assert [row.split("  ")[0] for row in rows] == labels, done.stdout
+    assert rows[0].endswith(" 1.00x") and all(float(row.split()[-1].rstrip("x")) > 0 for row in rows)

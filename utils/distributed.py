@@ -239,6 +239,16 @@ def amp_dtype_for(device, choice="auto"):
     return torch.bfloat16 if native_bf16 else torch.float16
 
 
+def teacher_dtype_for(device, use_amp, amp_dtype):
+    """train.py --teacher: the dtype its frozen network runs in. Under AMP, the run's (its forward then costs what
+    the student's does under autocast). In an fp32 run on a CPU that computes bf16 itself, bf16 too: an s teacher's
+    forward took a third of its fp32 time there (AMX; bench/RESULTS.md "Distillation"), the step with it 1.2x a step
+    without instead of 1.7x, and its scores, targets of a KL and not gradients, keep bf16's 3 digits. Else fp32."""
+    if use_amp:
+        return amp_dtype
+    return torch.bfloat16 if device.type == "cpu" and cpu_has_native_bf16() else torch.float32
+
+
 # A training step of n at 320 px took 10x as long in bf16 as in fp32 with AVX2 kernels only, and half as long with
 # AVX512_BF16 (2-core AMD EPYC, bench/RESULTS.md "bf16 on the CPU")
 BF16_EMULATED = (
