@@ -197,10 +197,15 @@ def predict_ours(cell, voc_yaml, imgsz, device, nms=False):
     command += ["--max-det", str(MAX_DET), "--save-json", "--workers", "2", "--device", str(device)]
     command += ["--out", str(val), *(["--nms"] if nms else [])]
     run_logged(command, cell / f"log_{val.name}.txt")
-    images = json.loads((val / "ground_truth.json").read_text())["images"]
-    file_of = {im["id"]: Path(im["file_name"]).name for im in images}
     detections = json.loads((val / "predictions.json").read_text())
     own = json.loads((val / "metrics.json").read_text())["mAP50-95"]
+    coco_json = load_dataset_yaml(voc_yaml)["coco_jsons"]["val"]
+    if coco_json is None:  # val.py wrote the ground truth it scored against, category id = class index
+        images = json.loads((val / "ground_truth.json").read_text())["images"]
+    else:  # a val split of one COCO json: val.py scored against it, with its image and category ids
+        images = json.loads(Path(coco_json.json).read_text())["images"]
+        detections = [{**d, "category_id": coco_json.category_ids.index(d["category_id"])} for d in detections]
+    file_of = {im["id"]: Path(im["file_name"]).name for im in images}
     return [(file_of[d["image_id"]], d) for d in detections], own
 
 

@@ -289,3 +289,38 @@ def test_distill_cost_times_a_step_without_a_teacher_and_with_it_in_fp32_and_bf1
     labels = ["without a teacher", "with the teacher in fp32", "with the teacher in bf16"]
     assert [row.split("  ")[0] for row in rows] == labels, done.stdout
     assert rows[0].endswith(" 1.00x") and all(float(row.split()[-1].rstrip("x")) > 0 for row in rows)
+
+
+def test_real_data_benchmark_scores_ours_on_a_coco_json_set_in_its_own_image_and_category_ids(tmp_path, monkeypatch):
+    """On a COCO json set val.py scores against the json itself and writes its image and category ids (no
+    ground_truth.json): the benchmark maps them back to file names and class indices. Detections equal to the truth
+    then score 1.0 against the benchmark's own ground truth (the chess set's cells failed here)."""
+    from format_sets import read_shapes, write_coco
+
+    import bench.real_data_benchmark as bench
+    from utils.data import shapes
+
+    shapes.make_shapes(tmp_path / "shapes", n_train=4, n_val=3, seed=3, size=96)
+    write_coco(tmp_path / "coco", read_shapes(tmp_path / "shapes"))
+    data_yaml = tmp_path / "coco.yaml"
+    data_yaml.write_text(
+        f"path: {tmp_path / 'coco'}\ntrain: {{images: images/train, json: annotations/instances_train.json}}\n"
+        "val: {images: images/val, json: annotations/instances_val.json}\n"
+    )
+    voc_yaml, _, names, _ = bench.prepare_yaml(data_yaml, tmp_path / "data", "--data")
+    truth = json.loads((tmp_path / "coco" / "annotations" / "instances_val.json").read_text())
+    as_found = [
+        {"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 0.9}
+        for a in truth["annotations"]
+    ]  # what val.py --save-json writes on this set: the json's own ids
+
+    def fake_val(command, log):
+        val = Path(command[command.index("--out") + 1])
+        val.mkdir(parents=True)
+        (val / "predictions.json").write_text(json.dumps(as_found))
+        (val / "metrics.json").write_text(json.dumps({"mAP50-95": 1.0}))
+
+    monkeypatch.setattr(bench, "run_logged", fake_val)
+    named, _ = bench.predict_ours(tmp_path / "cell", voc_yaml, 96, "cpu")
+    assert len(named) == len(truth["annotations"]) > 0
+    assert bench.score(tmp_path / "data" / "val_gt.json", named, names)["mAP50-95"] == 1.0
