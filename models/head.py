@@ -93,7 +93,7 @@ class Detect(nn.Module):
         return [torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(feats, boxes, classes)]
 
     # An exporter that traces at one fixed size may set (anchors, strides) here (utils/export/writers.py, LiteRT):
-    # computed in the graph, the grid cost the n model's LiteRT file 2-3% at 320 px (bench/RESULTS.md)
+    # computed in the graph, the grid cost the n model's LiteRT file 1-3% at 320 px (bench/RESULTS.md)
     fixed_anchors = None
 
     def split(self, maps):

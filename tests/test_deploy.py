@@ -277,7 +277,7 @@ def test_tflite_without_its_packages_and_a_foreign_tflite_are_one_sentence(train
 def test_the_tflite_file_holds_its_anchor_grid_as_constants_and_the_fixed_grid_answers_as_the_computed_one(
     trained, benchmark
 ):
-    """litert-torch keeps the ops that build the anchor grid, which cost the file 2-3% of its time at 320 px against
+    """litert-torch keeps the ops that build the anchor grid, which cost the file 1-3% of its time at 320 px against
     Ultralytics' (bench/RESULTS.md): the writer gives the head its grid as constants (Detect.fixed_anchors), which
     must answer exactly as the grid computed from the maps."""
     from ai_edge_litert.interpreter import Interpreter
