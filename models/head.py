@@ -92,9 +92,15 @@ class Detect(nn.Module):
         """One copy of the head on the 3 levels: per level, the box outputs then the class logits."""
         return [torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(feats, boxes, classes)]
 
-    # An exporter that traces at one fixed size may set (anchors, strides) here (utils/export/writers.py, LiteRT):
-    # computed in the graph, the grid cost the n model's LiteRT file 1-3% at 320 px (bench/RESULTS.md)
+    # (anchors, strides) for one input size, set by fix_anchors; None: computed from the maps in each forward
     fixed_anchors = None
+
+    def fix_anchors(self, h, w):
+        """Hold the anchor grid of an h x w input as constants, for an exporter that traces at that one size
+        (utils/export/writers.py, LiteRT): computed in the graph, the grid cost the n model's LiteRT file 1-3% at
+        320 px (bench/RESULTS.md). make_anchors reads only the maps' sizes, so empty maps of those sizes give it."""
+        sizes = [torch.empty(0, 0, h // s, w // s, device=self.bins.device) for s in self.strides]
+        self.fixed_anchors = make_anchors(sizes, self.strides)
 
     def split(self, maps):
         """Raw maps -> anchors and strides (anchors, 2 and 1), box outputs (batch, anchors, 4 * reg_max), class

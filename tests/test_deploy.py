@@ -26,7 +26,6 @@ from calibrated_model import labelled_checkpoint, make_checkpoint, one_thread, s
 import export
 from models.predict import load, predict
 from models.weights import load_weights
-from utils.boxes import make_anchors
 from utils.checkpoints.ours import CheckpointError
 from utils.export import formats as export_formats
 from utils.export import writers as export_writers
@@ -287,6 +286,6 @@ def test_the_tflite_file_holds_its_anchor_grid_as_constants_and_the_fixed_grid_a
     network = load_weights(trained).model.eval()
     x = torch.rand(2, 3, 96, 128)
     computed = network(x)
-    head = network.head
-    head.fixed_anchors = make_anchors([x.new_empty(0, 0, 96 // s, 128 // s) for s in head.strides], head.strides)
+    network.head.fix_anchors(96, 128)
+    assert network.head.fixed_anchors[0].shape == (12 * 16 + 6 * 8 + 3 * 4, 2)
     assert torch.equal(network(x), computed)

@@ -26,7 +26,6 @@ from pathlib import Path
 import torch
 import torchvision
 
-from utils.boxes import make_anchors
 from utils.disk import UNWRITABLE, is_disk_full, not_written_sentence
 from utils.export.loaders import METADATA_FILE, OPENVINO_METADATA, export_metadata
 from utils.locks import remove_stale_temporary_files
@@ -217,8 +216,7 @@ def write_tflite(module, x, path, args, metadata, calibration):
     module, x = float_copy(module), x.float().cpu().contiguous()
     # The anchor grid as constants: litert-torch keeps the ops that build it (arange, broadcast, concat), which other
     # converters fold; the file ran 1-3% slower than Ultralytics' (which sets its grid before export) until then
-    head, (h, w) = module.head, x.shape[-2:]
-    head.fixed_anchors = make_anchors([x.new_empty(0, 0, h // s, w // s) for s in head.strides], head.strides)
+    module.head.fix_anchors(*x.shape[-2:])
     # In a process of its own: the conversion starts JAX's thread pools, and the data loader workers of the gate
     # would then be forked from a multithreaded process (JAX warns of deadlocks).
     context = multiprocessing.get_context("spawn")
