@@ -43,9 +43,10 @@ def main():
     student = YOLO("n", len(names)).to(memory_format=torch.channels_last).train()
     optimizer = torch.optim.AdamW(student.parameters(), lr=1e-4)
     loss_fn = DetectionLoss(student.head, distill_gain=0.5)
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     teachers = {
         name: load_teacher(args.teacher, names, args.imgsz, device, dtype)[0].to(memory_format=torch.channels_last)
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
+        for name, dtype in dtypes.items()
     }
     images, targets = batch(args.batch, args.imgsz)
 
@@ -54,9 +55,8 @@ def main():
         maps = student(images)
         teacher_maps = None
         if teacher_name:
-            teacher = teachers[teacher_name]
             with torch.no_grad():
-                teacher_maps = teacher(images.to(next(teacher.parameters()).dtype))[1]
+                teacher_maps = teachers[teacher_name](images.to(dtypes[teacher_name]))[1]
         loss, _ = loss_fn(maps, targets, teacher_maps)
         loss.backward()
         optimizer.step()
