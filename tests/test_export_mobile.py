@@ -165,3 +165,25 @@ def test_a_crashing_converter_and_truncated_files_are_one_sentence(exported, tmp
     (folder / "metadata.json").write_text((exported["n"].parent / FILES["ncnn"] / "metadata.json").read_text())
     with pytest.raises(CheckpointError, match=r"best\.param and its \.bin are not an NCNN model this ncnn can load"):
         load_exported(folder)
+
+
+def test_mnns_converter_runs_without_its_logger_which_pip_installs_into_the_users_environment(tmp_path):
+    """--mnn runs MNN's converter without importing MNN.tools.mnnconvert, whose telemetry logger runs
+    `pip install -U aliyun-log-python-sdk` where that is missing: its protobuf<6 replaced the 6.x that onnx needs, and
+    a fresh clone's tests then failed in every file that imports onnx after the MNN export. A `pip` that records being
+    called is first on PATH; the converter answers --version, and neither pip nor the logger was reached."""
+    import os
+    import subprocess
+
+    called = tmp_path / "pip_was_called"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pip").write_text(f"#!/bin/sh\ntouch {called}\n")
+    (bin_dir / "pip").chmod(0o755)
+    reached = "import sys; print(sorted(m for m in sys.modules if m.startswith(('MNN.tools', 'aliyun'))))"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(
+        [sys.executable, "-c", f"{mobile.MNN_CONVERT}\n{reached}", "--version"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
+    assert not called.exists()

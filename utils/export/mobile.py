@@ -119,14 +119,19 @@ def load_ncnn(path, device):
     return {**meta, "run": outside_topk(run_batch, meta), "device": torch.device("cpu")}
 
 
+# MNN's converter itself (_tools, which MNN.tools.mnnconvert.convert calls), not through that module: importing it
+# imports MNN's telemetry logger, which runs `pip install -U aliyun-log-python-sdk` where that is missing, and that
+# package's protobuf<6 replaced the 6.x that onnx and TensorFlow need in the user's environment
+MNN_CONVERT = "import sys, _tools; _tools.mnnconvert(sys.argv)"
+
+
 def write_mnn(module, x, path, args, metadata, calibration):
     """MNN from the fp32 ONNX graph by MNN's converter (fp16 weights with --half), the metadata as its bizCode."""
     with tempfile.TemporaryDirectory() as scratch:
         float_onnx = Path(scratch) / "fp32.onnx"
         export_onnx(module, x, float_onnx, args, metadata)
         strings = json.dumps(export_metadata(**metadata))
-        convert = "import sys; from MNN.tools import mnnconvert; mnnconvert.convert(sys.argv)"
-        command = [sys.executable, "-c", convert, "-f", "ONNX", "--modelFile", str(float_onnx), "--MNNModel"]
+        command = [sys.executable, "-c", MNN_CONVERT, "-f", "ONNX", "--modelFile", str(float_onnx), "--MNNModel"]
         run_converter(command + [str(path), "--bizCode", strings] + ["--fp16"] * metadata["half"], "MNNConvert", path)
 
 
