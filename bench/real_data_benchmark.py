@@ -239,7 +239,7 @@ def score(gt_path, named_detections, names):
 def run_cell(run, data, epochs, seed, cell, args):
     repo, flags = RUNS[run]
     extra = [a.format(weights=args.weights, teacher=getattr(args, "teacher", "")) for a in flags]
-    extra = [*args.ours_args, *extra] if repo == "ours" else extra
+    extra = [*args.ours_args, *extra] if repo == "ours" else [*extra, *getattr(args, "peer_args", [])]
     data_yaml = data["voc_yaml"] if repo == "ours" else data["yolo_yaml"]
     imgsz, batch = args.imgsz, args.batch
     command = train_command(repo, extra, data_yaml, epochs, seed, cell, args.peer_python, imgsz, batch, args.device)

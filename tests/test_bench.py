@@ -249,11 +249,59 @@ def test_real_suite_prepares_every_set_runs_each_cell_once_and_tables_the_ratios
     assert len(ran) == 3
     lines = (out / "table.md").read_text().splitlines()
     shapes = suite.object_shapes(data / "val_gt.json", 320)
-    row = (
-        f"| tiny | 6 / 3 | {len(names)} | {shapes} | 0.500 | 0.400 | 1.25 | - | - | - | 0.500 | - | - | 0.600 | - | - |"
-    )
-    assert row in lines  # ours-n twice: under the same recipe and against Ultralytics with a step per batch
+    pairs = "0.500 | 0.400 | 1.25 | 0.500 | - | - | 0.500 | - | - | 0.600 | - | -"
+    row = f"| tiny | 6 / 3 | {len(names)} | {shapes} | {pairs} |"
+    assert row in lines  # ours-n thrice: the same recipe, our defaults, against Ultralytics with a step per batch
     assert "| **mean** |  |  |  | 0.500 | 0.400 | **1.25** | - | - | - | - | - | - | - | - | - |" in lines
+
+
+def test_real_suite_keeps_decoded_images_in_ram_on_both_sides_unless_told_not_to(tmp_path, monkeypatch, capsys):
+    """The suite's cells train with each repo's RAM cache (the same pixels a draw decodes, so the same figures; the
+    loader set the pace of a cell on 2048-px photos); --no-cache gives the commands without it."""
+    import subprocess
+
+    import bench.real_data_benchmark as real_data
+    import bench.real_suite as suite
+    from utils.data.shapes import STYLES, make_shapes
+
+    make_shapes(tmp_path / "clones" / "tiny", n_train=4, n_val=2, seed=1, size=64)
+    yaml_text = f"path: {{clone}}\ntrain: images/train\nval: images/val\nnames: {STYLES['shapes']['names']}\n"
+    monkeypatch.setattr(suite, "SETS", {"tiny": dict(url="u/tiny", licence="-", format="-", yaml=yaml_text)})
+    commands = []
+
+    def record(command, log_path):  # the command a cell would train with; then the cell fails, as a broken one
+        commands.append(command)
+        raise subprocess.CalledProcessError(1, command)
+
+    monkeypatch.setattr(real_data, "run_logged", record)
+    monkeypatch.setenv("YOLO_CACHE_DIR", str(tmp_path / "cache"))
+    argv = ["real_suite.py", "--root", str(tmp_path / "clones"), "--peer-python", sys.executable]
+    for extra in ([], ["--no-cache"]):
+        out = ["--out", str(tmp_path / f"out{len(extra)}")]
+        monkeypatch.setattr(sys, "argv", [*argv, *out, "--runs", "ours-n", "peer-v8n-nbs16", *extra])
+        suite.main()
+    (ours, peer), (ours_plain, peer_plain) = commands[:2], commands[2:]
+    assert ours[0] == sys.executable and ours[ours.index("--cache") + 1] == "ram" and "cache=ram" in peer
+    assert peer[peer.index("--set") :][-2:] == ["nbs=16", "cache=ram"]  # after the run's own settings
+    assert "--cache" not in ours_plain and "cache=ram" not in peer_plain and "nbs=16" in peer_plain
+    assert "failed" in capsys.readouterr().out
+
+
+def test_our_defaults_are_the_real_suites_same_recipe_on_every_set_so_one_cell_stands_for_both():
+    """bench/real_suite.py trains ours-n (AdamW 0.002) once and shows it as our defaults too: true while train.py's
+    defaults resolve to that recipe for the suite's runs, up to its largest set (520 photos, 33 batches, 20 epochs)."""
+    from argparse import Namespace
+
+    from bench.real_suite import SCRATCH
+    from utils.hyperparameters import HYP
+    from utils.settings import resolve_optimizer
+
+    for batches in (8, 13, 33):
+        chosen = [
+            resolve_optimizer(Namespace(**{**HYP, **flags, "batch": 16, "epochs": SCRATCH}), batches, {})
+            for flags in ({}, {"optimizer": "adamw", "lr0": 0.002})
+        ]
+        assert chosen[0] == chosen[1] and chosen[0][:2] == ("adamw", 0.002)
 
 
 def test_real_suite_says_how_many_objects_an_image_holds_and_how_small_they_are_at_the_size(tmp_path):
