@@ -28,6 +28,7 @@ Results: OUT/<set>/<run>/<imgsz>px/e<epochs>/s<seed>/result.json; the table in O
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -216,7 +217,9 @@ def main():
     parser.add_argument("--out", default=str(REPO / "runs" / "real_suite"))
     parser.add_argument("--peer-python", help="the python of bench/peer_env.sh DIR (default: $PEER_PYTHON)")
     parser.add_argument("--device", default="cpu", help="cpu or a GPU index; fp32 on both sides either way")
-    parser.add_argument("--jobs", type=int, default=1, help="cells at once (on a GPU: several share it)")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="cells at once (a GPU: they share it; a CPU: a thread each)"
+    )
     parser.add_argument("--no-cache", action="store_true", help="decode every image at every draw (both repos)")
     parser.add_argument("--table", action="store_true", help="only print the table of the cells run so far")
     parser.add_argument("--clone-commands", action="store_true", help="print the git clone of every set and stop")
@@ -238,6 +241,8 @@ def run(args, out):
         sys.exit(f"--weights {args.weights!r}: runs {' '.join(fine_tune)} fine-tune this .pt; give an existing file")
     if any(RUNS[r][0] == "peer" for r in args.runs):  # now, not after the first cells of ours
         args.peer_python = find_peer_python(args.peer_python)
+    if args.jobs > 1 and args.device == "cpu":  # each cell's OpenMP pool on every core made two cells 3-4x slower
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # the cells inherit it
     data = {name: prepare_set(name, args.root, out) for name in args.sets}
     cell_args = SimpleNamespace(
         imgsz=args.imgsz, batch=args.batch, device=args.device, peer_python=args.peer_python,

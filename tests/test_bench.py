@@ -255,7 +255,9 @@ def test_real_suite_prepares_every_set_runs_each_cell_once_and_tables_the_ratios
     assert "| **mean** |  |  |  | 0.500 | 0.400 | **1.25** | - | - | - | - | - | - | - | - | - |" in lines
 
 
-def test_real_suite_keeps_decoded_images_in_ram_on_both_sides_unless_told_not_to(tmp_path, monkeypatch, capsys):
+def test_real_suite_keeps_images_in_ram_on_both_sides_unless_told_not_to_and_gives_parallel_cpu_cells_a_thread(
+    tmp_path, monkeypatch, capsys
+):
     """The suite's cells train with each repo's RAM cache (the same pixels a draw decodes, so the same figures; the
     loader set the pace of a cell on 2048-px photos); --no-cache gives the commands without it."""
     import subprocess
@@ -275,6 +277,8 @@ def test_real_suite_keeps_decoded_images_in_ram_on_both_sides_unless_told_not_to
 
     monkeypatch.setattr(real_data, "run_logged", record)
     monkeypatch.setenv("YOLO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "-")  # so that the test's end puts back what was there before it
+    monkeypatch.delenv("OMP_NUM_THREADS")
     argv = ["real_suite.py", "--root", str(tmp_path / "clones"), "--peer-python", sys.executable]
     for extra in ([], ["--no-cache"]):
         out = ["--out", str(tmp_path / f"out{len(extra)}")]
@@ -285,6 +289,10 @@ def test_real_suite_keeps_decoded_images_in_ram_on_both_sides_unless_told_not_to
     assert peer[peer.index("--set") :][-2:] == ["nbs=16", "cache=ram"]  # after the run's own settings
     assert "--cache" not in ours_plain and "cache=ram" not in peer_plain and "nbs=16" in peer_plain
     assert "failed" in capsys.readouterr().out
+    assert "OMP_NUM_THREADS" not in os.environ  # one cell at a time keeps every core for its threads
+    monkeypatch.setattr(sys, "argv", [*argv, "--out", str(tmp_path / "out2"), "--runs", "ours-n", "--jobs", "2"])
+    suite.main()  # two cells at once on a CPU: a thread each, which the cells inherit
+    assert os.environ["OMP_NUM_THREADS"] == "1"
 
 
 def test_our_defaults_are_the_real_suites_same_recipe_on_every_set_so_one_cell_stands_for_both():
