@@ -159,32 +159,54 @@ def prepare_yaml(data_yaml, data_dir, what):
     for split, records in splits.items():
         write_yolo_split(records, data_dir / "yolo", split)
     yolo_yaml = data_dir / "yolo.yaml"
-    yolo_yaml.write_text(
-        f"path: {(data_dir / 'yolo').resolve()}\ntrain: images/train\nval: images/val\nnames: {json.dumps(names)}\n"
+    write_if_changed(
+        yolo_yaml,
+        f"path: {(data_dir / 'yolo').resolve()}\ntrain: images/train\nval: images/val\nnames: {json.dumps(names)}\n",
     )
     val = splits["val"]
     gt = records_to_coco(val, names, file_names=[Path(r["im"]).name for r in val], first_image_id=1, decimals=3)
-    (data_dir / "val_gt.json").write_text(json.dumps(gt))
+    write_if_changed(data_dir / "val_gt.json", json.dumps(gt))
     return data_yaml, yolo_yaml, names, {s: len(r) for s, r in splits.items()}
 
 
+def write_if_changed(path, text):
+    """True if path now holds text and did not before. A second suite started beside a running one prepares the same
+    set again: rewriting what a running cell reads (or deleting it first) broke the cell."""
+    if path.is_file() and path.read_text() == text:
+        return False
+    path.write_text(text)
+    return True
+
+
 def write_yolo_split(records, root, split):
-    """images/<split>/<name> -> the image, labels/<split>/<stem>.txt: the records' training boxes as YOLO rows."""
+    """images/<split>/<name> -> the image, labels/<split>/<stem>.txt: the records' training boxes as YOLO rows; what
+    is there already and right stays as it is (write_if_changed), what the records lack goes."""
     images, labels = root / "images" / split, root / "labels" / split
-    for folder in (images, labels):
-        folder.mkdir(parents=True, exist_ok=True)
-        for old in folder.iterdir():  # another --voc must not leave images behind
-            old.unlink()
-    for cache in root.glob("labels/*.cache"):
-        cache.unlink()
-    for r in records:
-        image = Path(r["im"])
-        (images / image.name).symlink_to(image.resolve())
-        rows = [
-            f"{int(c)} {(x1 + x2) / 2:.6f} {(y1 + y2) / 2:.6f} {x2 - x1:.6f} {y2 - y1:.6f}"
+    links = {Path(r["im"]).name: Path(r["im"]).resolve() for r in records}
+    texts = {
+        f"{Path(r['im']).stem}.txt": "".join(
+            f"{int(c)} {(x1 + x2) / 2:.6f} {(y1 + y2) / 2:.6f} {x2 - x1:.6f} {y2 - y1:.6f}\n"
             for c, x1, y1, x2, y2 in (map(float, row) for row in r["labels"])
-        ]
-        (labels / f"{image.stem}.txt").write_text("".join(f"{row}\n" for row in rows))
+        )
+        for r in records
+    }
+    changed = False
+    for folder, wanted in ((images, links), (labels, texts)):
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.iterdir():
+            if old.name not in wanted:  # another --voc must not leave images behind
+                old.unlink()
+                changed = True
+    for name, target in links.items():
+        link = images / name
+        if not (link.is_symlink() and link.readlink() == target):
+            link.unlink(missing_ok=True)
+            link.symlink_to(target)
+            changed = True
+    changed = any([write_if_changed(labels / name, text) for name, text in texts.items()]) or changed
+    if changed:  # Ultralytics' label cache of the old files
+        for cache in root.glob("labels/*.cache"):
+            cache.unlink(missing_ok=True)
 
 
 def predict_ours(cell, voc_yaml, imgsz, device, nms=False):

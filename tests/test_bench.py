@@ -380,3 +380,31 @@ def test_real_data_benchmark_scores_ours_on_a_coco_json_set_in_its_own_image_and
     named, _ = bench.predict_ours(tmp_path / "cell", voc_yaml, 96, "cpu")
     assert len(named) == len(truth["annotations"]) > 0
     assert bench.score(tmp_path / "data" / "val_gt.json", named, names)["mAP50-95"] == 1.0
+
+
+def test_preparing_a_set_again_leaves_what_a_running_cell_reads_and_drops_only_what_changed(tmp_path):
+    """A second suite started beside a running one prepares the same sets again: it once deleted the YOLO copy that
+    the running Ultralytics cell was reading. Unchanged records now touch nothing; a changed split loses only what it
+    no longer holds (and Ultralytics' label cache of the old files)."""
+    import bench.real_data_benchmark as bench
+    from utils.data.shapes import STYLES, make_shapes
+
+    make_shapes(tmp_path / "set", n_train=4, n_val=2, seed=1, size=64)
+    data_yaml = tmp_path / "data.yaml"
+    data_yaml.write_text(
+        f"path: {tmp_path / 'set'}\ntrain: images/train\nval: images/val\nnames: {STYLES['shapes']['names']}\n"
+    )
+    bench.prepare_yaml(data_yaml, tmp_path / "data", "--data")
+    yolo = tmp_path / "data" / "yolo"
+    cache = yolo / "labels" / "train.cache"
+    cache.write_text("Ultralytics' cache")
+    files = sorted(p for p in (tmp_path / "data").rglob("*") if not p.is_dir())
+    stamps = {p: (p.lstat().st_ino, p.lstat().st_mtime_ns) for p in files}
+    bench.prepare_yaml(data_yaml, tmp_path / "data", "--data")
+    assert {p: (p.lstat().st_ino, p.lstat().st_mtime_ns) for p in files} == stamps
+    gone = sorted((tmp_path / "set" / "images" / "train").iterdir())[0]
+    gone.unlink()
+    bench.prepare_yaml(data_yaml, tmp_path / "data", "--data")
+    kept = sorted(p.name for p in (yolo / "images" / "train").iterdir())
+    assert gone.name not in kept and len(kept) == 3 and not cache.exists()
+    assert sorted(p.stem for p in (yolo / "labels" / "train").iterdir()) == sorted(Path(k).stem for k in kept)
