@@ -195,7 +195,7 @@ def write_yolo_split(records, root, split):
         folder.mkdir(parents=True, exist_ok=True)
         for old in folder.iterdir():
             if old.name not in wanted:  # another --voc must not leave images behind
-                old.unlink()
+                old.unlink(missing_ok=True)  # or a suite beside this one removed it first
                 changed = True
     for name, target in links.items():
         link = images / name
