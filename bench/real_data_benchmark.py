@@ -63,6 +63,7 @@ from utils.coco import records_to_coco  # noqa: E402
 from utils.data.dataset_yaml import DatasetError, load_dataset_yaml  # noqa: E402
 from utils.data.labels import load_verified  # noqa: E402
 from utils.evaluate import coco_map  # noqa: E402
+from utils.general import write_text_atomic  # noqa: E402
 
 SAME = ["optimizer=AdamW", "lr0=0.002"]  # Ultralytics' spelling of RECIPE
 BACKBONE = "stem,down2,stage2,down3,stage3,down4,stage4,down5,stage5,sppf"  # --freeze prefixes (models/yolo.py)
@@ -171,10 +172,11 @@ def prepare_yaml(data_yaml, data_dir, what):
 
 def write_if_changed(path, text):
     """True if path now holds text and did not before. A second suite started beside a running one prepares the same
-    set again: rewriting what a running cell reads (or deleting it first) broke the cell."""
+    set again: rewriting what a running cell reads (or deleting it first) broke the cell; a changed file is replaced
+    whole, never seen half written."""
     if path.is_file() and path.read_text() == text:
         return False
-    path.write_text(text)
+    write_text_atomic(path, text)
     return True
 
 
@@ -203,7 +205,8 @@ def write_yolo_split(records, root, split):
             link.unlink(missing_ok=True)
             link.symlink_to(target)
             changed = True
-    changed = any([write_if_changed(labels / name, text) for name, text in texts.items()]) or changed
+    for name, text in texts.items():
+        changed = write_if_changed(labels / name, text) or changed
     if changed:  # Ultralytics' label cache of the old files
         for cache in root.glob("labels/*.cache"):
             cache.unlink(missing_ok=True)
