@@ -61,6 +61,19 @@ def test_a_killed_worker_stops_the_run_naming_its_test(tmp_path):
     assert seconds < 120
 
 
+def test_a_passing_tests_files_are_deleted_as_it_ends_and_a_failing_ones_are_kept(tmp_path):
+    """The suite writes about 5 GB of checkpoints and exports; kept to the end, they filled a CI machine's disk."""
+    wrote = "def wrote(tmp_path, name):\n    (tmp_path / 'last.pt').write_bytes(bytes(1000))\n"
+    wrote += "    with open(name, 'w') as f:\n        f.write(str(tmp_path))\n\n"
+    tests = "def test_passes(tmp_path):\n    wrote(tmp_path, 'passed.txt')\n\n"
+    tests += "def test_fails(tmp_path):\n    wrote(tmp_path, 'failed.txt')\n    assert False\n"
+    (tmp_path / "test_files.py").write_text(wrote + tests)
+    _, code, output = run_suite(tmp_path, "--basetemp", tmp_path / "basetemp")
+    assert code == 1 and "FAILED test_files.py::test_fails" in output, output
+    assert not Path((tmp_path / "passed.txt").read_text()).exists()
+    assert (Path((tmp_path / "failed.txt").read_text()) / "last.pt").is_file()
+
+
 def test_a_test_that_runs_away_with_memory_fails_with_a_memory_error():
     soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
