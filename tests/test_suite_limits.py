@@ -1,5 +1,6 @@
 """The suite's own limits (pytest.ini, tests/conftest.py): a hung test, a worker the kernel kills and a test that
-runs away with memory each fail the run in seconds, naming the test, instead of leaving it to wait for CI's limit."""
+runs away with memory each fail the run in seconds, naming the test, instead of leaving it to wait for CI's limit;
+a passing test's files do not outlive it."""
 
 import os
 import resource
