@@ -46,6 +46,7 @@ Results: OUT/<run>/<imgsz>px/e<epochs>/s<seed>/result.json; the table in OUT/tab
 import argparse
 import json
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -287,7 +288,10 @@ def run_and_report(run, epochs, seed, data, out, args, prefix=""):
     cell = out / run / f"{args.imgsz}px" / f"e{epochs}" / f"s{seed}"
     if (cell / "result.json").exists():
         return
-    cell.mkdir(parents=True, exist_ok=True)
+    if cell.exists():  # stopped part-way in an earlier sitting: its half-trained run would be resumed or clash
+        print(f"{prefix}{run} {args.imgsz} px {epochs} epochs seed {seed}: stopped before, started again", flush=True)
+        shutil.rmtree(cell)
+    cell.mkdir(parents=True)
     try:
         r = run_cell(run, data, epochs, seed, cell, args)
     except subprocess.CalledProcessError:  # one failed cell does not stop the others: its log says why

@@ -247,6 +247,11 @@ def test_real_suite_prepares_every_set_runs_each_cell_once_and_tables_the_ratios
     assert len(json.loads((data / "val_gt.json").read_text())["images"]) == 3
     suite.main()  # started again: every cell has run, none runs twice
     assert len(ran) == 3
+    stopped = out / "tiny" / "ours-ft" / "320px" / "e10" / "s0"
+    (stopped / "result.json").unlink()  # as a cell killed mid-training leaves it: a half run, no result
+    (stopped / "train").mkdir()
+    suite.main()
+    assert len(ran) == 4 and not (stopped / "train").exists()  # run again, from nothing
     lines = (out / "table.md").read_text().splitlines()
     shapes = suite.object_shapes(data / "val_gt.json", 320)
     pairs = "0.500 | 0.400 | 1.25 | 0.500 | - | - | 0.500 | - | - | 0.600 | - | -"
