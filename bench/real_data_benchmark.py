@@ -288,21 +288,18 @@ def run_and_report(run, epochs, seed, data, out, args, prefix=""):
     cell = out / run / f"{args.imgsz}px" / f"e{epochs}" / f"s{seed}"
     if (cell / "result.json").exists():
         return
+    label = f"{prefix}{run} {args.imgsz} px {epochs} epochs seed {seed}"
     if cell.exists():  # stopped part-way in an earlier sitting: its half-trained run would be resumed or clash
-        print(f"{prefix}{run} {args.imgsz} px {epochs} epochs seed {seed}: stopped before, started again", flush=True)
+        print(f"{label}: stopped before, started again", flush=True)
         shutil.rmtree(cell)
     cell.mkdir(parents=True)
     try:
         r = run_cell(run, data, epochs, seed, cell, args)
     except subprocess.CalledProcessError:  # one failed cell does not stop the others: its log says why
-        print(f"{prefix}{run} {args.imgsz} px {epochs} epochs seed {seed}: failed, see {cell}/log*.txt", flush=True)
+        print(f"{label}: failed, see {cell}/log*.txt", flush=True)
         return
     classes = ", ".join(f"{n} {v['AP50-95']:.3f}" for n, v in r["per_class"].items())
-    print(
-        f"{prefix}{run} {args.imgsz} px {epochs} epochs seed {seed}: mAP50-95 {r['mAP50-95']:.4f} "
-        f"mAP50 {r['mAP50']:.4f} ({classes}; {r['seconds']:.0f} s)",
-        flush=True,
-    )
+    print(f"{label}: mAP50-95 {r['mAP50-95']:.4f} mAP50 {r['mAP50']:.4f} ({classes}; {r['seconds']:.0f} s)", flush=True)
 
 
 def mean_std(values, digits=3):
