@@ -194,9 +194,10 @@ def fine_tuning_recipe(iterations, warmup, nc, usual):
       0.754 at Ultralytics' 0.0006);
     - LONG_FINE_TUNING times the warmup or longer, Ultralytics' fine-tuning recipe: a step per 64 images, its rate
       0.002 x 5 / (4 + nc), biases warmed up from 0, beta1 0.9. With a step per batch at 0.00143 cards (190
-      iterations) fell to 52% of its best mid-run and cells (330) to nothing at epoch 2; with it cards ends at 0.795
-      against 0.746 (Ultralytics 0.784) and cells at 0.497 against 0.489, neither collapsing. Chess at 130
-      iterations lost with it (RESULTS: "Fine-tuning without forgetting"), hence the margin past the warmup.
+      iterations) fell to 52% of its best mid-run and cells (330) to nothing at epoch 2; with it cards ends at 0.800
+      over 3 seeds against 0.715 over 4 runs (Ultralytics 0.784) and cells level (0.478-0.497 against 0.489), neither
+      collapsing. Chess at 130 iterations lost with it (RESULTS: "Fine-tuning without forgetting"), hence the
+      margin past the warmup.
     Biases warm up from FINE_TUNE_BIAS_LR, not 0.1, in the shorter runs: 0.1 shifts the pretrained biases (batch
     norm's among them) far in a few steps (BCCD from the shapes checkpoint, 5 epochs: 0.373 against 0.260, 3 seeds)."""
     run = f"fine-tuning: {iterations} iterations"
