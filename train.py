@@ -198,7 +198,7 @@ if args.batch < 1 or args.batch % world_size:
     sys.exit(f"--batch {args.batch} must be positive and divisible by the {world_size} processes, or -1 (measured)")
 batch = args.batch // world_size  # --batch is the total over all GPUs
 try:  # auto: adamw for short runs, sgd for long ones; lr0, nominal_batch 0: the optimizer's usual, or fine-tuning's
-    args.optimizer, args.lr0, args.nominal_batch, args.warmup_bias_lr = settings.resolve_optimizer(
+    args.optimizer, args.lr0, args.nominal_batch, args.warmup_bias_lr, args.momentum = settings.resolve_optimizer(
         args, math.ceil(len(train_records) / args.batch), sources, bool(init_ckpt) and not args.scratch_recipe
     )
 except ValueError as e:

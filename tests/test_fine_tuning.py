@@ -13,8 +13,8 @@ HYP = dict(lr0=0.002, lrf=0.01, schedule="linear", warmup_bias_lr=0.1, warmup_mo
 def fine_tuning_schedule(epochs, batches):
     """(lr0, warmup iterations, the weights' rate at every iteration) of a fine-tuning AdamW run with the defaults."""
     args = Namespace(optimizer="auto", lr0=0.0, nominal_batch=0, batch=16, epochs=epochs, warmup_epochs=3.0)
-    args.warmup_bias_lr = 0.1
-    _, lr0, _, bias_lr = resolve_optimizer(args, batches, {}, fine_tuning=True)
+    args.warmup_bias_lr, args.momentum = 0.1, 0.937
+    _, lr0, _, bias_lr, _ = resolve_optimizer(args, batches, {}, fine_tuning=True)
     warmup = warmup_length(args.warmup_epochs, batches)
     optimizer = build_optimizer(YOLO("n", nc=2), "adamw", lr0, 0.937, 5e-4)
     hyp = {**HYP, "lr0": lr0, "warmup_bias_lr": bias_lr}

@@ -130,13 +130,18 @@ def resumed_batch(args, ckpt, world_size, batch_given):
 # AdamW's rate for a fine-tuning run that outlasts its warmup (BCCD from a COCO-trained YOLOv8s: bench/RESULTS.md)
 FINE_TUNE_LR0 = 0.00143
 FINE_TUNE_BIAS_LR = 0.01  # where a fine-tuning AdamW run's bias warmup starts (a scratch run's: 0.1)
+# A fine-tuning run this many times its warmup or longer also takes Ultralytics' AdamW settings (fine_tuning_recipe)
+LONG_FINE_TUNING = 1.5
 
 
 def fine_tuning_choices(args, sources):
     """What --weights chose in the recipe, for the line that names the file: `lr0 0.00143 <- fine-tuning: ...;
-    warmup_bias_lr 0.01 <- fine-tuning: ...`."""
+    warmup_bias_lr 0.01 <- fine-tuning: ...` (and nominal_batch and momentum, where a long run's recipe set them)."""
+    keys = ("lr0", "warmup_bias_lr", "nominal_batch", "momentum")
     return "; ".join(
-        f"{key} {getattr(args, key)} <- {sources.get(key, 'default')}" for key in ("lr0", "warmup_bias_lr")
+        f"{key} {getattr(args, key)} <- {sources.get(key, 'default')}"
+        for key in keys
+        if key in ("lr0", "warmup_bias_lr") or sources.get(key, "").startswith("fine-tuning")
     )
 
 
@@ -146,44 +151,66 @@ def warmup_length(warmup_epochs, batches_per_epoch):
 
 
 def resolve_optimizer(args, batches_per_epoch, sources, fine_tuning=False):
-    """(optimizer, lr0, nominal_batch, warmup_bias_lr) of --optimizer, --lr0, --nominal-batch and --warmup-bias-lr for a
-    run of `batches_per_epoch` batches per epoch; `sources` notes what was chosen. auto: Adam-style for short runs,
-    SGD for long ones, as Ultralytics' "auto"; it counts optimizer steps (batches of max(batch, nominal_batch)),
-    this counts batches: SGD from 4x shorter runs at batch 16 (unmeasured; see bench/RESULTS.md). nominal_batch 0:
-    64 images per step for SGD and MuSGD (YOLOv5's and Ultralytics' value, with their rates), a step per batch for
-    AdamW: its short runs on a few hundred images have few steps to spare (BCCD from scratch, 20 epochs: 0.558
-    against 0.466 with 64). fine_tuning (--weights, unless --scratch-recipe): AdamW's lr0 drops to FINE_TUNE_LR0
-    once the run outlasts its warmup. Within the warmup the rate never reaches lr0, and the usual 0.002 did better
-    there (BCCD, 5 epochs: 0.595 against 0.577); past it the lower rate did (10 epochs: 0.623 against 0.616, 5
-    seeds). Its biases' warmup starts at FINE_TUNE_BIAS_LR, not 0.1, unless --warmup-bias-lr is given: AdamW moves
-    each parameter by about the rate at every step, so 0.1 shifts the pretrained biases (batch norm's among them)
-    far in a few steps (BCCD from the shapes checkpoint, 5 epochs: 0.373 against 0.260, 3 seeds). ValueError for an
-    optimizer not offered."""
-    optimizer, lr0, nominal_batch = args.optimizer, args.lr0, args.nominal_batch
-    iterations = args.epochs * batches_per_epoch
+    """(optimizer, lr0, nominal_batch, warmup_bias_lr, momentum) of --optimizer, --lr0, --nominal-batch,
+    --warmup-bias-lr and --momentum for a run of `batches_per_epoch` batches per epoch; `sources` notes what was
+    chosen. auto: Adam-style for short runs, SGD for long ones, as Ultralytics' "auto"; it counts optimizer steps
+    (batches of max(batch, nominal_batch)), this counts batches: SGD from 4x shorter runs at batch 16 (unmeasured;
+    see bench/RESULTS.md). nominal_batch 0: 64 images per step for SGD and MuSGD (YOLOv5's and Ultralytics' value,
+    with their rates), a step per batch for AdamW: its short runs on a few hundred images have few steps to spare
+    (BCCD from scratch, 20 epochs: 0.558 against 0.466 with 64). fine_tuning (--weights, unless --scratch-recipe)
+    with AdamW: fine_tuning_recipe. ValueError for an optimizer not offered."""
+    given = set(sources)  # the command line's, a dataset yaml's: fine-tuning changes none of them
+    optimizer, iterations = args.optimizer, args.epochs * batches_per_epoch
     if optimizer == "auto":
         optimizer = "adamw" if iterations < 10_000 else "sgd"
         sources["optimizer"] = f"--optimizer auto: {iterations} iterations"
     if optimizer not in ("sgd", "adamw", "musgd"):
         raise ValueError(f"--optimizer {optimizer}: give sgd, adamw, musgd or auto")
-    if not lr0:
-        lr0 = {"sgd": 0.01, "adamw": 0.002, "musgd": 0.01}[optimizer]
+    chosen = dict(lr0=args.lr0, nominal_batch=args.nominal_batch, warmup_bias_lr=args.warmup_bias_lr)
+    chosen["momentum"] = args.momentum
+    if not args.lr0:
+        chosen["lr0"] = {"sgd": 0.01, "adamw": 0.002, "musgd": 0.01}[optimizer]
         sources["lr0"] = f"{optimizer}'s usual rate"
-        if fine_tuning and optimizer == "adamw":
-            warmup = warmup_length(args.warmup_epochs, batches_per_epoch)
-            run = f"fine-tuning: {iterations} iterations"
-            if iterations > warmup:
-                sources["lr0"] = f"{run} outlast the {warmup}-iteration warmup (--scratch-recipe: {lr0})"
-                lr0 = FINE_TUNE_LR0
-            else:
-                sources["lr0"] = f"{run} end within the {warmup}-iteration warmup: {lr0}"
-    if not nominal_batch:
-        nominal_batch = args.batch if optimizer == "adamw" else 64
+    if not args.nominal_batch:
+        chosen["nominal_batch"] = args.batch if optimizer == "adamw" else 64
         sources["nominal_batch"] = "adamw: a step per batch" if optimizer == "adamw" else f"{optimizer}'s usual"
-    bias_lr = args.warmup_bias_lr
-    if fine_tuning and optimizer == "adamw" and "warmup_bias_lr" not in sources:
-        bias_lr = FINE_TUNE_BIAS_LR
-        sources["warmup_bias_lr"] = (
-            f"fine-tuning: adamw moves a bias by about this rate a step (--scratch-recipe: {args.warmup_bias_lr})"
-        )
-    return optimizer, lr0, nominal_batch, bias_lr
+    if fine_tuning and optimizer == "adamw":
+        free = {"lr0": not args.lr0, "nominal_batch": not args.nominal_batch}
+        free |= {key: key not in given for key in ("warmup_bias_lr", "momentum")}
+        warmup = warmup_length(args.warmup_epochs, batches_per_epoch)
+        for key, (value, why) in fine_tuning_recipe(iterations, warmup, chosen).items():
+            if free[key]:
+                chosen[key], sources[key] = value, why
+    return optimizer, chosen["lr0"], chosen["nominal_batch"], chosen["warmup_bias_lr"], chosen["momentum"]
+
+
+def fine_tuning_recipe(iterations, warmup, usual):
+    """{setting: (value, why)} for a fine-tuning AdamW run of `iterations` with a `warmup`; `usual`: a scratch run's
+    values (--scratch-recipe). AdamW moves each weight by about its rate at every step, whatever the gradient, so a
+    run that spends long at a high rate tears down the pretrained features and rebuilds them. By the run's length:
+    - within its warmup the rate never reaches lr0 (it peaks at about a fifth of it mid-run): the usual 0.002 and a
+      step per batch (BCCD, 5 epochs: 0.595 against 0.577 at 0.00143);
+    - past it, lr0 FINE_TUNE_LR0 (BCCD, 10 epochs: 0.623 against 0.616, 5 seeds; chess, 13 classes: 0.763 against
+      0.754 at Ultralytics' 0.0006);
+    - LONG_FINE_TUNING times the warmup or longer, also Ultralytics' AdamW settings: a step per 64 images, biases
+      warmed up from 0, beta1 0.9. With a step per batch, cards (190 iterations) fell to 52% and 25% of its best
+      mid-run and cells (330) to nothing at epoch 2; with these neither dips, cards ends at 0.781 against 0.715
+      (3 and 4 runs; Ultralytics 0.784) and cells level (0.481 against 0.485, 3 seeds). Chess at 130 iterations lost
+      with them (0.676 against 0.763), hence the margin past the warmup. Ultralytics' rate by class count (0.002 x 5
+      / (4 + nc)) did not pay: cards 0.800, but a 20-epoch chess run 0.763 against 0.784 (2 seeds each).
+    Biases warm up from FINE_TUNE_BIAS_LR, not 0.1, in the shorter runs: 0.1 shifts the pretrained biases (batch
+    norm's among them) far in a few steps (BCCD from the shapes checkpoint, 5 epochs: 0.373 against 0.260, 3 seeds)."""
+    run = f"fine-tuning: {iterations} iterations"
+    bias = (FINE_TUNE_BIAS_LR, f"fine-tuning: adamw moves a bias by about this rate a step (--scratch-recipe: "
+            f"{usual['warmup_bias_lr']})")  # fmt: skip
+    if iterations <= warmup:
+        return {"lr0": (0.002, f"{run} end within the {warmup}-iteration warmup: 0.002"), "warmup_bias_lr": bias}
+    recipe = {"lr0": (FINE_TUNE_LR0, f"{run} outlast the {warmup}-iteration warmup (--scratch-recipe: 0.002)")}
+    if iterations < LONG_FINE_TUNING * warmup:
+        return recipe | {"warmup_bias_lr": bias}
+    why = f"{run}, {LONG_FINE_TUNING}x the {warmup}-iteration warmup or more: Ultralytics' AdamW settings"
+    return recipe | {
+        "nominal_batch": (64, f"{why}, a step per 64 images"),
+        "warmup_bias_lr": (0.0, f"{why} (--scratch-recipe: {usual['warmup_bias_lr']})"),
+        "momentum": (0.9, f"{why}, its beta1 (--scratch-recipe: {usual['momentum']})"),
+    }
