@@ -194,10 +194,11 @@ def fine_tuning_recipe(iterations, warmup, usual):
       0.754 at Ultralytics' 0.0006);
     - LONG_FINE_TUNING times the warmup or longer, also Ultralytics' AdamW settings: a step per 64 images, biases
       warmed up from 0, beta1 0.9. With a step per batch, cards (190 iterations) fell to 52% and 25% of its best
-      mid-run and cells (330) to nothing at epoch 2; with these neither dips, cards ends at 0.781 against 0.715
-      (3 and 4 runs; Ultralytics 0.767) and cells level (0.481 against 0.485, 3 seeds). Chess at 130 iterations lost
-      with them (0.676 against 0.763), hence the margin past the warmup. Ultralytics' rate by class count (0.002 x 5
-      / (4 + nc)) did not pay: cards 0.800, but a 20-epoch chess run 0.763 against 0.784 (2 seeds each).
+      mid-run and cells (330) to nothing at epoch 2; with these cards no longer dips and ends at 0.781 against
+      0.715 (3 and 4 runs; Ultralytics 0.767), cells ends level (0.481 against 0.485, 3 seeds), 20 epochs of chess
+      lose 0.013 (2 seeds). Chess at 130 iterations lost with them (0.676 against 0.763), hence the margin past the
+      warmup. Ultralytics' rate by class count (0.002 x 5 / (4 + nc)) did not pay: cards 0.800, but a 20-epoch
+      chess run 0.763 against 0.784 (2 seeds each).
     Biases warm up from FINE_TUNE_BIAS_LR, not 0.1, in the shorter runs: 0.1 shifts the pretrained biases (batch
     norm's among them) far in a few steps (BCCD from the shapes checkpoint, 5 epochs: 0.373 against 0.260, 3 seeds)."""
     run = f"fine-tuning: {iterations} iterations"
