@@ -188,8 +188,8 @@ def fine_tuning_recipe(iterations, warmup, usual):
     """{setting: (value, why)} for a fine-tuning AdamW run of `iterations` with a `warmup`; `usual`: a scratch run's
     values (--scratch-recipe). AdamW moves each weight by about its rate at every step, whatever the gradient, so a
     run that spends long at a high rate tears down the pretrained features and rebuilds them. By the run's length:
-    - within its warmup the rate never reaches lr0 (it peaks at about a fifth of it mid-run): the usual 0.002 and a
-      step per batch (BCCD, 5 epochs: 0.595 against 0.577 at 0.00143);
+    - within its warmup the rate never reaches lr0 (it peaks at about a fifth of it mid-run): the usual rate (0.002)
+      and a step per batch (BCCD, 5 epochs: 0.595 against 0.577 at 0.00143);
     - past it, lr0 FINE_TUNE_LR0 (BCCD, 10 epochs: 0.623 against 0.616, 5 seeds; chess, 13 classes: 0.763 against
       0.754 at Ultralytics' 0.0006);
     - LONG_FINE_TUNING times the warmup or longer, also Ultralytics' AdamW settings: a step per 64 images, biases
@@ -204,9 +204,10 @@ def fine_tuning_recipe(iterations, warmup, usual):
     run = f"fine-tuning: {iterations} iterations"
     bias = (FINE_TUNE_BIAS_LR, f"fine-tuning: adamw moves a bias by about this rate a step (--scratch-recipe: "
             f"{usual['warmup_bias_lr']})")  # fmt: skip
+    lr0 = usual["lr0"]  # adamw's usual rate
     if iterations <= warmup:
-        return {"lr0": (0.002, f"{run} end within the {warmup}-iteration warmup: 0.002"), "warmup_bias_lr": bias}
-    recipe = {"lr0": (FINE_TUNE_LR0, f"{run} outlast the {warmup}-iteration warmup (--scratch-recipe: 0.002)")}
+        return {"lr0": (lr0, f"{run} end within the {warmup}-iteration warmup: {lr0}"), "warmup_bias_lr": bias}
+    recipe = {"lr0": (FINE_TUNE_LR0, f"{run} outlast the {warmup}-iteration warmup (--scratch-recipe: {lr0})")}
     if iterations < LONG_FINE_TUNING * warmup:
         return recipe | {"warmup_bias_lr": bias}
     why = f"{run}, {LONG_FINE_TUNING}x the {warmup}-iteration warmup or more: Ultralytics' AdamW settings"
