@@ -198,9 +198,8 @@ if args.batch < 1 or args.batch % world_size:
     sys.exit(f"--batch {args.batch} must be positive and divisible by the {world_size} processes, or -1 (measured)")
 batch = args.batch // world_size  # --batch is the total over all GPUs
 try:  # auto: adamw for short runs, sgd for long ones; lr0, nominal_batch 0: the optimizer's usual, or fine-tuning's
-    args.optimizer, args.lr0, args.nominal_batch, args.warmup_bias_lr, args.momentum = settings.resolve_optimizer(
-        args, math.ceil(len(train_records) / args.batch), sources, bool(init_ckpt) and not args.scratch_recipe
-    )
+    per_epoch, fine_tuning = math.ceil(len(train_records) / args.batch), bool(init_ckpt) and not args.scratch_recipe
+    vars(args).update(settings.resolve_optimizer(args, per_epoch, sources, fine_tuning))
 except ValueError as e:
     sys.exit(str(e))
 accumulate = args.accumulate or max(round(args.nominal_batch / args.batch), 1)
@@ -223,7 +222,7 @@ for name, p in model.named_parameters():
 model.to(device, memory_format=torch.channels_last)  # oneDNN's and cuDNN's fastest layout (~12% per step on a CPU)
 if args.sync_bn and world_size > 1:
     model = sync_batchnorm(model, device)  # pitfall M3: torch's own, current SyncBN
-ema = ModelEMA(model, args.ema_decay, args.ema_tau) if is_main else None  # rank 0 alone validates and saves it
+ema = ModelEMA(model, args.ema_decay, args.ema_tau, floor=args.ema_floor) if is_main else None  # rank 0 alone validates
 optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weight_decay)
 # fp16 only (bf16 has fp32's range); its scale goes into last.pt (pitfall T1: else a resume searches it again)
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)

@@ -314,7 +314,7 @@ def test_our_defaults_are_the_real_suites_same_recipe_on_every_set_so_one_cell_s
             resolve_optimizer(Namespace(**{**HYP, **flags, "batch": 16, "epochs": SCRATCH}), batches, {})
             for flags in ({}, {"optimizer": "adamw", "lr0": 0.002})
         ]
-        assert chosen[0] == chosen[1] and chosen[0][:2] == ("adamw", 0.002)
+        assert chosen[0] == chosen[1] and (chosen[0]["optimizer"], chosen[0]["lr0"]) == ("adamw", 0.002)
 
 
 def test_real_suite_says_how_many_objects_an_image_holds_and_how_small_they_are_at_the_size(tmp_path):

@@ -27,9 +27,11 @@ def test_adamw_steps_after_every_batch_and_sgd_after_64_images_unless_told():
     """--nominal-batch 0 (the default): AdamW, which auto picks for short runs, takes a step per batch (BCCD from
     scratch: 0.558 against 0.466 mAP50-95 at 20 epochs); SGD and MuSGD keep 64 images per step; a given value is
     kept."""
-    assert resolve("auto") == (("adamw", 0.002, 16, 0.1, 0.937), {
+    (chosen, sources) = resolve("auto")
+    assert chosen == ("adamw", 0.002, 16, 0.1, 0.937) and sources["chosen"]["ema_floor"] == 0.0
+    assert {key: why for key, why in sources.items() if key != "chosen"} == {
         "optimizer": "--optimizer auto: 500 iterations", "lr0": "adamw's usual rate",
-        "nominal_batch": "adamw: a step per batch"})  # fmt: skip
+        "nominal_batch": "adamw: a step per batch"}  # fmt: skip
     assert resolve("auto", epochs=2000)[0] == ("sgd", 0.01, 64, 0.1, 0.937)
     assert resolve("musgd")[0] == ("musgd", 0.01, 64, 0.1, 0.937)
     assert resolve("adamw", nominal_batch=64)[0] == ("adamw", 0.002, 64, 0.1, 0.937)
@@ -60,6 +62,22 @@ def test_a_fine_tuning_runs_recipe_follows_its_length_against_its_warmup():
     assert resolve("sgd", epochs=10, batches=19, fine_tuning=True)[0] == ("sgd", 0.01, 64, 0.1, 0.937)
 
 
+def test_a_long_fine_tuning_run_averages_its_weights_over_about_its_last_ten_steps():
+    """Such a run ends long before the usual EMA (tau 2000 updates) averages anything, so validation saw the last
+    step's weights: cells (330 iterations) fell to 60% of its best at epoch 3, where its warmup ends. The long
+    recipe's EMA floor (0.9: about the last ten steps from the start) smooths that; the shorter runs, the scratch runs
+    and a given --ema-floor keep theirs."""
+    from utils.settings import FINE_TUNE_EMA_FLOOR
+
+    long = dict(epochs=10, batches=19, fine_tuning=True)
+    _, sources = resolve("auto", **long)
+    assert sources["chosen"]["ema_floor"] == FINE_TUNE_EMA_FLOOR == 0.9
+    assert sources["ema_floor"].startswith("fine-tuning: 190 iterations")
+    for short_or_scratch in (dict(epochs=10, batches=13, fine_tuning=True), dict(epochs=10, batches=19)):
+        assert resolve("auto", **short_or_scratch)[1]["chosen"]["ema_floor"] == 0.0
+    assert resolve("auto", ema_floor=0.5, **long)[1]["chosen"]["ema_floor"] == 0.5
+
+
 def test_a_fine_tuning_run_keeps_every_setting_given_on_the_command_line():
     """A given --lr0, --nominal-batch, --warmup-bias-lr or --momentum wins over the fine-tuning recipe, whatever the
     run's length; the others are still chosen by it."""
@@ -72,9 +90,10 @@ def test_a_fine_tuning_run_keeps_every_setting_given_on_the_command_line():
 
 
 def resolve(optimizer, nominal_batch=0, epochs=50, batches=10, warmup_epochs=3.0, lr0=0.0, fine_tuning=False, **given):
-    """utils.settings.resolve_optimizer for a run of `epochs` x `batches` at batch 16, warmup_bias_lr 0.1 and
-    momentum 0.937 unless `given` on the command line: ((optimizer, lr0, nominal_batch, warmup_bias_lr, momentum),
-    the sources it noted). A given lr0 or nominal_batch counts as given."""
+    """utils.settings.resolve_optimizer for a run of `epochs` x `batches` at batch 16, warmup_bias_lr 0.1,
+    momentum 0.937 and ema_floor 0 unless `given` on the command line: ((optimizer, lr0, nominal_batch,
+    warmup_bias_lr, momentum), the sources it noted; ema_floor in sources["chosen"]). A given lr0 or nominal_batch
+    counts as given."""
     from argparse import Namespace
 
     from utils.settings import resolve_optimizer
@@ -83,8 +102,10 @@ def resolve(optimizer, nominal_batch=0, epochs=50, batches=10, warmup_epochs=3.0
     sources |= {key: "command line" for key, value in (("lr0", lr0), ("nominal_batch", nominal_batch)) if value}
     args = Namespace(optimizer=optimizer, lr0=lr0, nominal_batch=nominal_batch, batch=16, epochs=epochs)
     args.warmup_epochs, args.warmup_bias_lr = warmup_epochs, given.get("warmup_bias_lr", 0.1)
-    args.momentum = given.get("momentum", 0.937)
-    return resolve_optimizer(args, batches, sources, fine_tuning), sources
+    args.momentum, args.ema_floor = given.get("momentum", 0.937), given.get("ema_floor", 0.0)
+    chosen = resolve_optimizer(args, batches, sources, fine_tuning)
+    keys = ("optimizer", "lr0", "nominal_batch", "warmup_bias_lr", "momentum")
+    return tuple(chosen[key] for key in keys), sources | {"chosen": chosen}
 
 
 def test_accumulation_windows_ramp_over_the_warmup_and_partition_each_epoch():
@@ -150,8 +171,12 @@ def test_weights_freeze_multi_scale_and_the_other_run_options(tiny_data, one_epo
     why = r"fine-tuning: 6 iterations, 1.5x the 0-iteration warmup or more: Ultralytics' AdamW settings"
     assert re.search(r"initialised .*; lr0 0.00143 <- fine-tuning: 6 iterations outlast the 0-iteration warmup", log)
     assert re.search(rf"initialised .*; warmup_bias_lr 0.0 <- {why}.*; momentum 0.9 <- {why}, its beta1", log)
+    assert re.search(
+        r"initialised .*; ema_floor 0.9 <- fine-tuning: 6 iterations: an EMA of about its last 10 steps", log
+    )
     second_args = yaml.safe_load((tmp_path / "second/args.yaml").read_text())
-    assert [second_args[k] for k in ("lr0", "warmup_bias_lr", "momentum", "nominal_batch")] == [0.00143, 0.0, 0.9, 64]
+    keys = ("lr0", "warmup_bias_lr", "momentum", "nominal_batch", "ema_floor")
+    assert [second_args[k] for k in keys] == [0.00143, 0.0, 0.9, 64, 0.9]
     for name in ("stem.conv.weight", "down2.bn.weight", "down2.bn.bias"):  # frozen: still the --weights values
         assert torch.equal(second["model"][name], first["ema"][name]), name
     assert not torch.equal(second["model"]["stage2.cv1.conv.weight"], first["ema"]["stage2.cv1.conv.weight"])

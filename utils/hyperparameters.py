@@ -30,4 +30,5 @@ HYP = dict(
     mixup=0.0,
     close_mosaic=10,  # no mosaic in the last N epochs: finish on images that look like test images
     ema_decay=0.9999, ema_tau=2000,  # EMA decay ramps up over ~tau updates
+    ema_floor=0.0,  # the EMA averages at least the last ~1 / (1 - ema_floor) updates (a long fine-tuning run: 0.9)
 )  # fmt: skip
