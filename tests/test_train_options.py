@@ -76,6 +76,9 @@ def test_a_long_fine_tuning_run_averages_its_weights_over_about_its_last_ten_ste
     for short_or_scratch in (dict(epochs=10, batches=13, fine_tuning=True), dict(epochs=10, batches=19)):
         assert resolve("auto", **short_or_scratch)[1]["chosen"]["ema_floor"] == 0.0
     assert resolve("auto", ema_floor=0.5, **long)[1]["chosen"]["ema_floor"] == 0.5
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match=rf"--ema-floor {bad}: give 0 \(off\) or more, under 1"):
+            resolve("auto", ema_floor=bad, **long)
 
 
 def test_a_fine_tuning_run_keeps_every_setting_given_on_the_command_line():

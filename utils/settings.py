@@ -161,7 +161,7 @@ def resolve_optimizer(args, batches_per_epoch, sources, fine_tuning=False):
     step for SGD and MuSGD (YOLOv5's and Ultralytics' value, with their rates), a step per batch for AdamW: its short
     runs on a few hundred images have few steps to spare (BCCD from scratch, 20 epochs: 0.558 against 0.466 with 64).
     fine_tuning (--weights, unless --scratch-recipe) with AdamW: fine_tuning_recipe. ValueError for an optimizer not
-    offered."""
+    offered or an --ema-floor outside [0, 1)."""
     given = set(sources)  # the command line's, a dataset yaml's: fine-tuning changes none of them
     optimizer, iterations = args.optimizer, args.epochs * batches_per_epoch
     if optimizer == "auto":
@@ -169,6 +169,8 @@ def resolve_optimizer(args, batches_per_epoch, sources, fine_tuning=False):
         sources["optimizer"] = f"--optimizer auto: {iterations} iterations"
     if optimizer not in ("sgd", "adamw", "musgd"):
         raise ValueError(f"--optimizer {optimizer}: give sgd, adamw, musgd or auto")
+    if not 0 <= args.ema_floor < 1:
+        raise ValueError(f"--ema-floor {args.ema_floor}: give 0 (off) or more, under 1 (0.9: about the last 10 steps)")
     chosen = dict(lr0=args.lr0, nominal_batch=args.nominal_batch, warmup_bias_lr=args.warmup_bias_lr)
     chosen |= dict(momentum=args.momentum, ema_floor=args.ema_floor)
     if not args.lr0:
