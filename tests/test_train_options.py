@@ -27,11 +27,10 @@ def test_adamw_steps_after_every_batch_and_sgd_after_64_images_unless_told():
     """--nominal-batch 0 (the default): AdamW, which auto picks for short runs, takes a step per batch (BCCD from
     scratch: 0.558 against 0.466 mAP50-95 at 20 epochs); SGD and MuSGD keep 64 images per step; a given value is
     kept."""
-    (chosen, sources) = resolve("auto")
-    assert chosen == ("adamw", 0.002, 16, 0.1, 0.937) and sources["chosen"]["ema_floor"] == 0.0
-    assert {key: why for key, why in sources.items() if key != "chosen"} == {
+    assert resolve("auto") == (("adamw", 0.002, 16, 0.1, 0.937), {
         "optimizer": "--optimizer auto: 500 iterations", "lr0": "adamw's usual rate",
-        "nominal_batch": "adamw: a step per batch"}  # fmt: skip
+        "nominal_batch": "adamw: a step per batch"})  # fmt: skip
+    assert resolve("auto", keys=("ema_floor",))[0] == (0.0,)
     assert resolve("auto", epochs=2000)[0] == ("sgd", 0.01, 64, 0.1, 0.937)
     assert resolve("musgd")[0] == ("musgd", 0.01, 64, 0.1, 0.937)
     assert resolve("adamw", nominal_batch=64)[0] == ("adamw", 0.002, 64, 0.1, 0.937)
@@ -69,13 +68,13 @@ def test_a_long_fine_tuning_run_averages_its_weights_over_about_its_last_ten_ste
     and a given --ema-floor keep theirs."""
     from utils.settings import FINE_TUNE_EMA_FLOOR
 
-    long = dict(epochs=10, batches=19, fine_tuning=True)
-    _, sources = resolve("auto", **long)
-    assert sources["chosen"]["ema_floor"] == FINE_TUNE_EMA_FLOOR == 0.9
+    long = dict(epochs=10, batches=19, fine_tuning=True, keys=("ema_floor",))
+    (floor,), sources = resolve("auto", **long)
+    assert floor == FINE_TUNE_EMA_FLOOR == 0.9
     assert sources["ema_floor"].startswith("fine-tuning: 190 iterations")
     for short_or_scratch in (dict(epochs=10, batches=13, fine_tuning=True), dict(epochs=10, batches=19)):
-        assert resolve("auto", **short_or_scratch)[1]["chosen"]["ema_floor"] == 0.0
-    assert resolve("auto", ema_floor=0.5, **long)[1]["chosen"]["ema_floor"] == 0.5
+        assert resolve("auto", keys=("ema_floor",), **short_or_scratch)[0] == (0.0,)
+    assert resolve("auto", ema_floor=0.5, **long)[0] == (0.5,)
     for bad in (1.0, -0.1):
         with pytest.raises(ValueError, match=rf"--ema-floor {bad}: give 0 \(off\) or more, under 1"):
             resolve("auto", ema_floor=bad, **long)
@@ -92,11 +91,20 @@ def test_a_fine_tuning_run_keeps_every_setting_given_on_the_command_line():
     assert resolve("auto", warmup_bias_lr=0.05, **short)[0][3] == 0.05
 
 
-def resolve(optimizer, nominal_batch=0, epochs=50, batches=10, warmup_epochs=3.0, lr0=0.0, fine_tuning=False, **given):
+def resolve(
+    optimizer,
+    nominal_batch=0,
+    epochs=50,
+    batches=10,
+    warmup_epochs=3.0,
+    lr0=0.0,
+    fine_tuning=False,
+    keys=("optimizer", "lr0", "nominal_batch", "warmup_bias_lr", "momentum"),
+    **given,
+):
     """utils.settings.resolve_optimizer for a run of `epochs` x `batches` at batch 16, warmup_bias_lr 0.1,
-    momentum 0.937 and ema_floor 0 unless `given` on the command line: ((optimizer, lr0, nominal_batch,
-    warmup_bias_lr, momentum), the sources it noted; ema_floor in sources["chosen"]). A given lr0 or nominal_batch
-    counts as given."""
+    momentum 0.937 and ema_floor 0 unless `given` on the command line: (the resolved values of `keys`, the sources
+    it noted). A given lr0 or nominal_batch counts as given."""
     from argparse import Namespace
 
     from utils.settings import resolve_optimizer
@@ -107,8 +115,7 @@ def resolve(optimizer, nominal_batch=0, epochs=50, batches=10, warmup_epochs=3.0
     args.warmup_epochs, args.warmup_bias_lr = warmup_epochs, given.get("warmup_bias_lr", 0.1)
     args.momentum, args.ema_floor = given.get("momentum", 0.937), given.get("ema_floor", 0.0)
     chosen = resolve_optimizer(args, batches, sources, fine_tuning)
-    keys = ("optimizer", "lr0", "nominal_batch", "warmup_bias_lr", "momentum")
-    return tuple(chosen[key] for key in keys), sources | {"chosen": chosen}
+    return tuple(chosen[key] for key in keys), sources
 
 
 def test_accumulation_windows_ramp_over_the_warmup_and_partition_each_epoch():
