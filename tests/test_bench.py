@@ -240,24 +240,25 @@ def test_real_suite_prepares_every_set_runs_each_cell_once_and_tables_the_ratios
     argv = ["real_suite.py", "--root", str(tmp_path / "clones"), "--out", str(out), "--peer-python", sys.executable]
     monkeypatch.setattr(sys, "argv", [*argv, "--runs", "ours-ft", "peer-v8n", "ours-n", "--weights", __file__])
     suite.main()
-    assert ran == [("ours-n", 20, 0), ("peer-v8n", 20, 0), ("ours-ft", 10, 0)]  # the first tier first
+    assert ran == [("ours-n", 20, 0), ("peer-v8n", 20, 0), ("ours-ft", 10, 0), ("ours-ft", 5, 0)]  # tier by tier
     data = out / "tiny" / "data"
     assert "path: " + str((tmp_path / "clones" / "tiny").resolve()) in (data / "data.yaml").read_text()
     assert len(list((data / "yolo" / "images" / "train").iterdir())) == 6  # Ultralytics' copy of the same records
     assert len(json.loads((data / "val_gt.json").read_text())["images"]) == 3
     suite.main()  # started again: every cell has run, none runs twice
-    assert len(ran) == 3
+    assert len(ran) == 4
     stopped = out / "tiny" / "ours-ft" / "320px" / "e10" / "s0"
     (stopped / "result.json").unlink()  # as a cell killed mid-training leaves it: a half run, no result
     (stopped / "train").mkdir()
     suite.main()
-    assert len(ran) == 4 and not (stopped / "train").exists()  # run again, from nothing
+    assert len(ran) == 5 and not (stopped / "train").exists()  # run again, from nothing
     lines = (out / "table.md").read_text().splitlines()
     shapes = suite.object_shapes(data / "val_gt.json", 320)
-    pairs = "0.500 | 0.400 | 1.25 | 0.500 | - | - | 0.500 | - | - | 0.600 | - | -"
+    pairs = "0.500 | 0.400 | 1.25 | 0.500 | - | - | 0.500 | - | - | 0.600 | - | - | 0.600 | - | -"
     row = f"| tiny | 6 / 3 | {len(names)} | {shapes} | {pairs} |"
     assert row in lines  # ours-n thrice: the same recipe, our defaults, against Ultralytics with a step per batch
-    assert "| **mean** |  |  |  | 0.500 | 0.400 | **1.25** | - | - | - | - | - | - | - | - | - |" in lines
+    assert "| **mean** |  |  |  | 0.500 | 0.400 | **1.25** |" + " - |" * 12 in lines
+    assert "| ours-ft (5 epochs) | peer-ft (5 epochs) | ratio |" in lines[3]  # the short fine-tuning, told apart
 
 
 def test_real_suite_keeps_images_in_ram_on_both_sides_unless_told_not_to_and_gives_parallel_cpu_cells_a_thread(
