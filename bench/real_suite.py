@@ -6,6 +6,7 @@ fine-tuned, every model scored by pycocotools against one ground truth per set; 
     # the suite (cells already run are skipped: stop it and start it again at will)
     python bench/real_suite.py --root ../datasets --weights fall_yolov8s.pt
     python bench/real_suite.py --root ../datasets --sets cards chess --runs ours-n peer-v8n    # a part of it
+    python bench/real_suite.py --root ../datasets --runs ours-ft peer-ft --epochs 5 --weights fall_yolov8s.pt
     python bench/real_suite.py --device 0 --jobs 4 --root ../datasets --weights fall_yolov8s.pt  # on a GPU
     python bench/real_suite.py --table                                                      # what has run so far
 
@@ -113,7 +114,7 @@ def write_yaml(name, root, data_dir):
     return path
 
 
-def grid(sets, runs, seeds):
+def grid(sets, runs, seeds, only_epochs=None):
     """The cells to run, in order: seeds outermost, then GRID's tiers, sets, runs; as (set, run, epochs, seed)."""
     return [
         (name, run, epochs, seed)
@@ -121,7 +122,7 @@ def grid(sets, runs, seeds):
         for tier in GRID
         for name in sets
         for run, epochs in tier
-        if run in runs
+        if run in runs and (not only_epochs or epochs in only_epochs)
     ]
 
 
@@ -214,6 +215,7 @@ def main():
     parser.add_argument("--sets", nargs="+", default=list(SETS), choices=list(SETS))
     parser.add_argument("--runs", nargs="+", default=RUN_NAMES, choices=RUN_NAMES)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--epochs", nargs="+", type=int, help="only the cells of these lengths (default: all)")
     parser.add_argument("--imgsz", type=int, default=320)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--weights", default="", help="the pretrained .pt the fine-tuning runs start from")
@@ -260,7 +262,7 @@ def run(args, out):
         run_and_report(run_name, epochs, seed, data[name], out / name, cell_args, f"{name}: ")
 
     with ThreadPoolExecutor(args.jobs) as pool:  # --jobs > 1: several cells share one GPU
-        for _ in pool.map(one, grid(args.sets, args.runs, args.seeds)):
+        for _ in pool.map(one, grid(args.sets, args.runs, args.seeds, args.epochs)):
             pass
 
 

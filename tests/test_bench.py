@@ -252,9 +252,14 @@ def test_real_suite_prepares_every_set_runs_each_cell_once_and_tables_the_ratios
     (stopped / "train").mkdir()
     suite.main()
     assert len(ran) == 5 and not (stopped / "train").exists()  # run again, from nothing
+    monkeypatch.setattr(
+        sys, "argv", [*argv, "--runs", "ours-ft", "--epochs", "5", "--seeds", "1", "--weights", __file__]
+    )
+    suite.main()
+    assert ran[5:] == [("ours-ft", 5, 1)]  # --epochs: only the cells of that length
     lines = (out / "table.md").read_text().splitlines()
     shapes = suite.object_shapes(data / "val_gt.json", 320)
-    pairs = "0.500 | 0.400 | 1.25 | 0.500 | - | - | 0.500 | - | - | 0.600 | - | - | 0.600 | - | -"
+    pairs = "0.500 | 0.400 | 1.25 | 0.500 | - | - | 0.500 | - | - | 0.600 | - | - | 0.600 (2) | - | -"
     row = f"| tiny | 6 / 3 | {len(names)} | {shapes} | {pairs} |"
     assert row in lines  # ours-n thrice: the same recipe, our defaults, against Ultralytics with a step per batch
     assert "| **mean** |  |  |  | 0.500 | 0.400 | **1.25** |" + " - |" * 12 in lines
