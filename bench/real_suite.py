@@ -95,7 +95,7 @@ PAIRS = [
     ("ours-n", "peer-v8n-defaults", SCRATCH),  # from scratch, each repo's defaults
     ("ours-n", "peer-v8n-nbs16", SCRATCH),  # from scratch, both an optimizer step per batch
     ("ours-ft", "peer-ft", FINE_TUNED),  # fine-tuned, each repo's defaults
-    ("ours-ft", "peer-ft", FINE_TUNED_SHORT),
+    ("ours-ft", "peer-ft", FINE_TUNED_SHORT),  # the same, half as long
 ]
 
 
