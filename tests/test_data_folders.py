@@ -117,7 +117,7 @@ def test_a_cvat_yolo_export_with_or_without_a_validation_subset(sets, want, tmp_
     splits, everything = want
     write_cvat_yolo(tmp_path / "cvat", truth)
     data, parts, inferred = read(tmp_path / "cvat")
-    assert data["names"] == NAMES and parts == splits and inferred["val"] == "valid.txt"
+    assert data["names"] == NAMES and parts == splits and inferred["val"] == "valid.txt" and "test" not in inferred
     train_only = {k: v for k, v in truth.items() if k[0] == "train"} | {
         ("train", k[1]): v for k, v in truth.items() if k[0] == "val"
     }

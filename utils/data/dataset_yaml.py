@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]  # its data/ holds coco.yaml and the 
 
 
 def load_dataset_yaml(path, save_inferred=None):
-    """Read a YOLOv5/Ultralytics dataset yaml (or a Darknet obj.data: CVAT's YOLO 1.1 export, or a labelling tool's
+    """Read a YOLOv5/Ultralytics dataset yaml (or a Darknet obj.data: CVAT's Darknet YOLO export, or a labelling tool's
     export folder: the yaml it amounts to is inferred, logged, kept as `inferred_yaml` and written to the file
     `save_inferred` when given, so that the user can copy and edit it: utils/data/folders.py). Returns a dict with
     `root`, `train`, `val`, `test` (lists of resolved sources: folders or .txt lists; utils.data.voc.VocSplit or
@@ -122,7 +122,7 @@ def _read_yaml(path):
 
 
 def _read_darknet_data(path, held_out=None):
-    """A Darknet obj.data, as CVAT's "YOLO 1.1" export writes it: `key = value` lines naming the lists of the train
+    """A Darknet obj.data, as CVAT's Darknet YOLO export writes it: `key = value` lines naming the lists of the train
     and valid images and the class names file (obj.names), read into the mapping a dataset yaml gives. CVAT names
     them as Darknet runs (`train = data/train.txt`, from the folder holding the export as data/): a path found only
     without that prefix is read so. A split's key is its CVAT subset name (Train, Validation, ...) or Darknet's.
@@ -147,7 +147,7 @@ def _read_darknet_data(path, held_out=None):
                 f"so give the task a {'Train' if key == 'train' else 'Validation'} subset, or add the line"
                 + (", e.g. 'valid = 0.2' to hold out a fifth of the train images)" if key == "val" else ")")
             )
-        try:  # `valid = 0.2`: a fraction of the train images, as `val: 0.2` in a yaml
+        try:  # a number: a fraction of the train images, as `val:` given as a number in a yaml
             cfg[key] = float(cfg[key]) if key != "train" and cfg[key] else cfg[key]
         except ValueError:
             pass
@@ -174,7 +174,7 @@ def _names_file(name, root, path):
 
 
 def _held_out_fractions(cfg, path):
-    """{split: fraction} for `val: 0.2` and `test: 0.1`, the parts of the train images they hold out."""
+    """{split: fraction} for `val` and `test` given as numbers, the parts of the train images they hold out."""
     fractions = {}
     for key in ("val", "test"):
         value = cfg.get(key)
@@ -191,8 +191,8 @@ def _held_out_fractions(cfg, path):
 
 
 def _hold_out(out, fractions, path):
-    """Splits given as fractions of train (`val: 0.2`) become HeldOut parts of its images, and train the rest: val
-    takes the images whose file name hashes into [0, 0.2), test the next fraction."""
+    """Splits given as fractions of train (`val: F`) become HeldOut parts of its images, and train the rest: val
+    takes the images whose file name hashes into [0, F), test the next fraction."""
     spec, start = ", ".join(f"{key}: {f:g}" for key, f in fractions.items()), 0.0
     for key, fraction in fractions.items():
         out[key] = [HeldOut(key, tuple(out["train"]), start, start + fraction, spec, str(path))]
@@ -306,7 +306,7 @@ def _resolve(cfg, key, item, root, path):
     p = Path(item)
     if not p.is_absolute():
         # Old YOLOv5 yamls have no `path` and name folders from the working directory
-        # (`train: ../coco128/images/train2017`): try there too before giving up.
+        # (`train: ../mydata/images/train`): try there too before giving up.
         tried = [root / p] + ([Path(item).resolve()] if not cfg.get("path") else [])
         if item.startswith("../"):  # Roboflow's YOLO export: `train: ../train/images` for the train/ beside the yaml
             tried.append(root / item[3:])

@@ -15,7 +15,7 @@ import yaml
 from utils.data.annotations import IMAGE_SUFFIXES
 from utils.general import DatasetError
 
-HELD_OUT = 0.2  # an export with no split of its own holds out a fifth of its images for val, as `val: 0.2` does
+HELD_OUT = 0.2  # an export with no split of its own holds out a fifth of its images for val, as a yaml's fraction does
 SPLIT_FOLDERS = {"train": ("train",), "val": ("valid", "val", "validation"), "test": ("test",)}  # Roboflow's first
 OWN_FILES = ("data.yaml", "data.yml", "obj.data")  # a folder's own dataset file (Roboflow, Ultralytics, CVAT)
 LOOKED_FOR = (
@@ -49,7 +49,7 @@ def yaml_text(cfg, names, where, layout):
     """The inferred yaml as a file the user can keep: `path` and the splits first, the class names as a list."""
     ordered = {k: cfg[k] for k in ("path", "voc", "train", "val", "test") if cfg.get(k) is not None}
     ordered["names"] = list(names)
-    ordered.update({k: v for k, v in cfg.items() if k not in ordered and k != "nc"})
+    ordered.update({k: v for k, v in cfg.items() if k not in ordered and k != "nc" and v is not None})
     header = f"# {where}, read as {layout}; copy this file, edit it and give it as --data\n"
     return header + yaml.safe_dump(ordered, sort_keys=False, allow_unicode=True, default_flow_style=None, width=120)
 
@@ -60,7 +60,9 @@ def _voc_root(folder):
     if not (folder / "Annotations").is_dir() or images is None:
         return None
     sets = folder / "ImageSets" / "Main"
-    listed = {s: f"ImageSets/Main/{s}.txt" for s in ("train", "trainval", "val", "test") if (sets / f"{s}.txt").is_file()}
+    listed = {
+        s: f"ImageSets/Main/{s}.txt" for s in ("train", "trainval", "val", "test") if (sets / f"{s}.txt").is_file()
+    }
     cfg = {"voc": ".", "train": listed.get("train") or listed.get("trainval") or images}
     cfg["val"] = listed.get("val") if "train" in listed and "val" in listed else HELD_OUT
     if "test" in listed:
