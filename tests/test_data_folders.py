@@ -80,11 +80,12 @@ def test_a_roboflow_yolo_export_reads_its_data_yaml(sets, want, tmp_path):
     root, _ = sets
     splits, _ = want
     export = tmp_path / "roboflow"
-    for split, folder in (("train", "train"), ("val", "valid")):
+    for split, folder in (("train", "train"), ("val", "valid"), ("val", "test")):
         for sub in ("images", "labels"):
             shutil.copytree(root / "yolo" / sub / split, export / folder / sub)
+    splits = {**splits, "test": splits["val"]}
     (export / "data.yaml").write_text(
-        f"train: ../train/images\nval: ../valid/images\n\nnc: 6\nnames: {NAMES}\n\n"
+        f"train: ../train/images\nval: ../valid/images\ntest: ../test/images\n\nnc: 6\nnames: {NAMES}\n\n"
         "roboflow:\n  workspace: me\n  project: shapes\n  version: 1\n"
     )
     data, parts, inferred = read(export)
@@ -92,7 +93,8 @@ def test_a_roboflow_yolo_export_reads_its_data_yaml(sets, want, tmp_path):
     assert inferred["path"] == str(export.resolve()) and inferred["roboflow"]["project"] == "shapes"
     (export / "data.yaml").unlink()  # without it: the split folders, names by class id
     data, parts, inferred = read(export)
-    assert (inferred["train"], inferred["val"]) == ("train/images", "valid/images") and parts == splits
+    assert (inferred["train"], inferred["val"], inferred["test"]) == ("train/images", "valid/images", "test/images")
+    assert parts == splits
     assert len(data["names"]) == len(NAMES)
 
 
@@ -189,9 +191,16 @@ def test_coco_exports_annotations_folder_or_a_json_beside_its_images(sets, tmp_p
         image["file_name"] = f"images/{image['file_name']}"
     (beside / "result.json").write_text(json.dumps(coco))
     data, parts, inferred = read(beside)
-    assert data["names"] == NAMES and inferred["train"] == {"json": "result.json"} and inferred["val"] == 0.2
+    assert inferred["train"] == {"images": "images", "json": "result.json"} and inferred["val"] == 0.2
+    assert data["names"] == NAMES
     assert_held_out(parts, want["train"])
     assert data["coco_jsons"]["val"].json == (beside / "result.json").resolve()  # scored against that json
+    for image in coco["images"]:  # the file names alone, or the json beside the images themselves: the same
+        image["file_name"] = image["file_name"].removeprefix("images/")
+    (beside / "result.json").write_text(json.dumps(coco))
+    assert read(beside)[1] == parts
+    (beside / "result.json").rename(beside / "images" / "result.json")
+    assert read(beside / "images")[1] == parts
 
 
 def test_a_folder_that_matches_no_layout_says_what_was_looked_for(sets, tmp_path):

@@ -81,9 +81,11 @@ def _coco_annotations(folder):
 
 
 def _coco_at_root(folder):
-    """A COCO json beside its images, or beside the images/ folder its file_names start with (Label Studio)."""
+    """A COCO json beside its images, or beside their images/ folder (Label Studio: file_names start with images/,
+    which utils/data/coco_json.py finds there too)."""
     jsons = [p for p in sorted(folder.glob("*.json")) if _looks_coco(p)]
-    cfg = _coco_splits(folder, jsons, lambda file: None)
+    images = folder / "images" if (folder / "images").is_dir() else None
+    cfg = _coco_splits(folder, jsons, lambda file: images)
     return (cfg, f"a COCO json export ({', '.join(p.name for p in jsons)})") if cfg else None
 
 
