@@ -91,6 +91,9 @@ def test_a_roboflow_yolo_export_reads_its_data_yaml(sets, want, tmp_path):
     data, parts, inferred = read(export)
     assert data["names"] == NAMES and parts == splits and data["yaml"] == export / "data.yaml"
     assert inferred["path"] == str(export.resolve()) and inferred["roboflow"]["project"] == "shapes"
+    yaml_text = (export / "data.yaml").read_text()
+    (export / "data.yaml").write_text(f"path: /content/datasets/shapes-1\n{yaml_text}")  # where it was exported
+    assert read(export)[1] == splits
     (export / "data.yaml").unlink()  # without it: the split folders, names by class id
     data, parts, inferred = read(export)
     assert (inferred["train"], inferred["val"], inferred["test"]) == ("train/images", "valid/images", "test/images")

@@ -53,7 +53,10 @@ def _read_folder(folder, save_to):
         cfg, layout = _read_darknet_data(own, held_out=folders.HELD_OUT), f"CVAT's YOLO 1.1 export ({own.name})"
     elif own is not None:
         cfg, layout = _read_yaml(own), f"the dataset yaml it holds ({own.name})"
-        cfg["path"] = str(_dataset_root(cfg, own))
+        try:
+            cfg["path"] = str(_dataset_root(cfg, own))
+        except DatasetError:  # a `path` of the machine it was exported on (/content/datasets/...): this folder
+            cfg["path"], layout = str(folder.resolve()), f"{layout}, with this folder as its `path`"
     else:
         cfg, layout = folders.infer_dataset_yaml(folder)
     out = _read_dataset(own or folder, cfg)
