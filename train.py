@@ -80,7 +80,7 @@ parser = argparse.ArgumentParser(
     allow_abbrev=False,
 )
 add = parser.add_argument
-add("--data", default="data/shapes.yaml", help="dataset yaml (or a Darknet / CVAT obj.data)")
+add("--data", default="data/shapes.yaml", help="dataset yaml, a Darknet / CVAT obj.data, or an export's folder")
 add("--model", default="n", help="YOLOv8 n..x, YOLO11 11n..x, YOLO26 26n..x, NMS-free 11n-e2e; .pt: ours, Ultralytics'")
 add("--weights", default="", help="initialise from this .pt, ours or Ultralytics' (tensors that match)")
 add("--teacher", default="", help="distil from this trained .pt, ours or Ultralytics' (docs/training.md)")
@@ -153,7 +153,7 @@ if is_main:
 try:  # rank 0 verifies the labels and writes the label cache; the others then read it
     if not is_main:
         barrier(world_size, flags_group)
-    data = load_dataset_yaml(args.data)
+    data = load_dataset_yaml(args.data, run_dir / "data.yaml" if is_main else None)  # a folder: the yaml inferred
     verify_workers = settings.default_workers(node.local_world_size)
     train_records = load_verified(data["train"], data["nc"], "train", verify_workers, max_pixels=args.max_pixels)
     val_records = load_verified(data["val"], data["nc"], "val", verify_workers, max_pixels=args.max_pixels)

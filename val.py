@@ -38,7 +38,7 @@ parser = argparse.ArgumentParser(
 parser.add_argument(
     "--weights", default="", help="checkpoint or exported model (default: newest runs/train/*/weights/best.pt)"
 )
-parser.add_argument("--data", default="", help="dataset yaml or obj.data (default: the checkpoint's)")
+parser.add_argument("--data", default="", help="dataset yaml, obj.data or export folder (default: the checkpoint's)")
 parser.add_argument("--split", default="val", choices=["val", "test", "train"])
 parser.add_argument("--imgsz", type=int, default=0, help="0 = the size stored in the checkpoint or exported file")
 parser.add_argument("--batch", type=int, default=32)

@@ -25,15 +25,15 @@ FORMATS_READ = (
 
 def without_darknet_prefix(folder, path):
     """`path`, relative to `folder`, as Darknet's obj.data and image lists write it from the folder that holds the
-    dataset as data/ (CVAT's "YOLO 1.1" export): without that prefix where it exists only so, else as given."""
+    dataset as data/ (CVAT's Darknet YOLO export): without that prefix where it exists only so, else as given."""
     bare = path.removeprefix(DARKNET_PREFIX)
     return bare if bare != path and not (folder / path).exists() and (folder / bare).exists() else path
 
 
 @dataclass(frozen=True)
 class HeldOut:
-    """A part of the train split's images, for a dataset yaml that gives val (or test) as a fraction of them
-    (`val: 0.2`): a labelling tool's export with no split of its own (Label Studio's). An image belongs to a held-out
+    """A part of the train split's images, for a dataset yaml that gives val (or test) as a fraction of them: a
+    labelling tool's export with no split of its own (Label Studio's). An image belongs to a held-out
     split when the hash of its file name falls in [start, end) (file_fraction), so the same images are held out in
     every run and on every machine, an image added later leaves the others where they were, and no list of the split
     is written. key "train" is the rest: every image that no held-out split takes."""
@@ -42,7 +42,7 @@ class HeldOut:
     sources: tuple  # the train split's sources, as the yaml names them
     start: float
     end: float
-    spec: str  # the yaml's words for every held-out split, for messages: "val: 0.2"
+    spec: str  # the yaml's words for every held-out split, for messages: "val: F" with F its fraction
     yaml: str = field(default="", compare=False, repr=False)  # the dataset yaml, for messages
 
     def __fspath__(self):  # where it came from: error messages and the label cache's name use it

@@ -86,7 +86,7 @@ def read_json(path):
 def categories(path):
     """[(id, name, group), ...] of a COCO json, sorted by id. group: the category only groups others (another one
     names it as its supercategory) and no annotation has it, as the root category that Roboflow's export puts first
-    (`{"id": 0, "name": "cells", "supercategory": "none"}`): not a class (utils/data/dataset_yaml.py). Remembered in
+    (`{"id": 0, "name": "objects", "supercategory": "none"}`): not a class (utils/data/dataset_yaml.py). Remembered in
     our cache folder (keyed by the file's size and time): the dataset yaml is read at every start, and COCO's train
     json takes seconds to parse."""
     st = os.stat(path)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from utils.data import coco_json, voc
+from utils.data import coco_json, folders, voc
 from utils.data.annotations import (
     FORMATS_READ,
     HeldOut,
@@ -18,15 +18,17 @@ from utils.data.annotations import (
 )
 from utils.data.coco_json import CocoSplit
 from utils.data.voc import VocSplit
-from utils.general import DatasetError  # scripts import it from here too
+from utils.general import DatasetError, write_run_file  # scripts import DatasetError from here too
 
 log = logging.getLogger("yolo")
 SPLITS = ("train", "val", "test")
 REPO = Path(__file__).resolve().parents[2]  # its data/ holds coco.yaml and the built-in shapes.yaml
 
 
-def load_dataset_yaml(path):
-    """Read a YOLOv5/Ultralytics dataset yaml (or a Darknet obj.data: CVAT's YOLO 1.1 export). Returns a dict with
+def load_dataset_yaml(path, save_inferred=None):
+    """Read a YOLOv5/Ultralytics dataset yaml (or a Darknet obj.data: CVAT's Darknet YOLO export, or a labelling tool's
+    export folder: the yaml it amounts to is inferred, logged, kept as `inferred_yaml` and written to the file
+    `save_inferred` when given, so that the user can copy and edit it: utils/data/folders.py). Returns a dict with
     `root`, `train`, `val`, `test` (lists of resolved sources: folders or .txt lists; utils.data.voc.VocSplit or
     utils.data.coco_json.CocoSplit for those formats), `names` (list), `nc`, `yaml`, `coco_json` (the original json
     val is scored against: a CocoSplit or a path, or None), `coco_jsons` (the same for each split) and `defaults`
@@ -38,19 +40,43 @@ def load_dataset_yaml(path):
         if not path.exists() and not path.is_absolute():
             # `--data coco.yaml` finds data/coco.yaml, and train.py's default data/shapes.yaml is found from any folder
             path = next((p for p in (REPO / "data" / path, REPO / path) if p.exists()), path)
-        return _read_dataset(path)
+        return _read_folder(path, save_inferred) if path.is_dir() else _read_dataset(path)
     except OSError as e:  # a path the system refuses to look up (too long, a loop of links): was a traceback
         raise DatasetError(f"{_shown(path)}: {_shown(e.filename)} cannot be read ({e.strerror})") from None
 
 
-def _read_dataset(path):
-    cfg = _read_darknet_data(path) if path.suffix == ".data" else _read_yaml(path)
+def _read_folder(folder, save_to):
+    """A folder as the dataset: read through its own data.yaml or obj.data, else through the yaml its layout
+    amounts to; that yaml, with an absolute `path` so that it works from anywhere, is logged and saved."""
+    own = folders.own_dataset_file(folder)
+    if own is not None and own.suffix == ".data":
+        cfg, layout = _read_darknet_data(own, held_out=folders.HELD_OUT), f"CVAT's YOLO 1.1 export ({own.name})"
+    elif own is not None:
+        cfg, layout = _read_yaml(own), f"the dataset yaml it holds ({own.name})"
+        try:
+            cfg["path"] = str(_dataset_root(cfg, own))
+        except DatasetError:  # a `path` of the machine it was exported on (/content/datasets/...): this folder
+            cfg["path"], layout = str(folder.resolve()), f"{layout}, with this folder as its `path`"
+    else:
+        cfg, layout = folders.infer_dataset_yaml(folder)
+    out = _read_dataset(own or folder, cfg)
+    out["inferred_yaml"] = folders.yaml_text(cfg, out["names"], folder, layout)
+    log.info(f"{folder}: a folder, read as {layout}; the dataset yaml it amounts to:\n{out['inferred_yaml']}")
+    if save_to is not None:
+        write_run_file(save_to, out["inferred_yaml"])
+        log.info(f"that yaml is saved as {save_to}: copy it, edit it and give it as --data")
+    return out
+
+
+def _read_dataset(path, cfg=None):
+    if cfg is None:
+        cfg = _read_darknet_data(path) if path.suffix == ".data" else _read_yaml(path)
     root = _dataset_root(cfg, path)
     if isinstance(cfg.get("names"), str):
         cfg["names"] = _names_file(cfg["names"], root, path)
     voc_root = _voc_root(cfg, root, path)
     fractions = _held_out_fractions(cfg, path)
-    out = {"root": root, "yaml": path, "coco_json": None, "defaults": cfg.get("defaults") or {}}
+    out = {"root": root, "yaml": path, "coco_json": None, "defaults": cfg.get("defaults") or {}, "inferred_yaml": None}
     for key in SPLITS:
         out[key] = [] if key in fractions else _split_sources(cfg, key, root, path, voc_root)
     names, category_ids = _names_of(cfg, path, [s for key in SPLITS for s in out[key]])
@@ -98,11 +124,12 @@ def _read_yaml(path):
     return cfg
 
 
-def _read_darknet_data(path):
-    """A Darknet obj.data, as CVAT's "YOLO 1.1" export writes it: `key = value` lines naming the lists of the train
+def _read_darknet_data(path, held_out=None):
+    """A Darknet obj.data, as CVAT's Darknet YOLO export writes it: `key = value` lines naming the lists of the train
     and valid images and the class names file (obj.names), read into the mapping a dataset yaml gives. CVAT names
     them as Darknet runs (`train = data/train.txt`, from the folder holding the export as data/): a path found only
-    without that prefix is read so. A split's key is its CVAT subset name (Train, Validation, ...) or Darknet's."""
+    without that prefix is read so. A split's key is its CVAT subset name (Train, Validation, ...) or Darknet's.
+    held_out: the fraction of the train images val is without a valid list (the export folder given as --data)."""
     if not path.is_file():
         raise DatasetError(f"dataset file {path} does not exist")
     entries = {}
@@ -116,14 +143,14 @@ def _read_darknet_data(path):
         entries[key.strip().lower()] = without_darknet_prefix(path.parent, value.strip())
     cfg = {"path": str(path.parent.resolve()), "names": entries.get("names")}
     for key, spellings in (("train", ("train",)), ("val", ("valid", "val", "validation")), ("test", ("test",))):
-        cfg[key] = next((entries[k] for k in spellings if k in entries), None)
+        cfg[key] = next((entries[k] for k in spellings if k in entries), None) or (held_out if key == "val" else None)
         if not cfg[key] and key != "test":
             raise DatasetError(
                 f"{path} names no {key} images (key '{spellings[0]}': CVAT writes one per subset of the task, "
                 f"so give the task a {'Train' if key == 'train' else 'Validation'} subset, or add the line"
                 + (", e.g. 'valid = 0.2' to hold out a fifth of the train images)" if key == "val" else ")")
             )
-        try:  # `valid = 0.2`: a fraction of the train images, as `val: 0.2` in a yaml
+        try:  # a number: a fraction of the train images, as `val:` given as a number in a yaml
             cfg[key] = float(cfg[key]) if key != "train" and cfg[key] else cfg[key]
         except ValueError:
             pass
@@ -150,7 +177,7 @@ def _names_file(name, root, path):
 
 
 def _held_out_fractions(cfg, path):
-    """{split: fraction} for `val: 0.2` and `test: 0.1`, the parts of the train images they hold out."""
+    """{split: fraction} for `val` and `test` given as numbers, the parts of the train images they hold out."""
     fractions = {}
     for key in ("val", "test"):
         value = cfg.get(key)
@@ -167,8 +194,8 @@ def _held_out_fractions(cfg, path):
 
 
 def _hold_out(out, fractions, path):
-    """Splits given as fractions of train (`val: 0.2`) become HeldOut parts of its images, and train the rest: val
-    takes the images whose file name hashes into [0, 0.2), test the next fraction."""
+    """Splits given as fractions of train (`val: F`) become HeldOut parts of its images, and train the rest: val
+    takes the images whose file name hashes into [0, F), test the next fraction."""
     spec, start = ", ".join(f"{key}: {f:g}" for key, f in fractions.items()), 0.0
     for key, fraction in fractions.items():
         out[key] = [HeldOut(key, tuple(out["train"]), start, start + fraction, spec, str(path))]
@@ -282,7 +309,7 @@ def _resolve(cfg, key, item, root, path):
     p = Path(item)
     if not p.is_absolute():
         # Old YOLOv5 yamls have no `path` and name folders from the working directory
-        # (`train: ../coco128/images/train2017`): try there too before giving up.
+        # (`train: ../mydata/images/train`): try there too before giving up.
         tried = [root / p] + ([Path(item).resolve()] if not cfg.get("path") else [])
         if item.startswith("../"):  # Roboflow's YOLO export: `train: ../train/images` for the train/ beside the yaml
             tried.append(root / item[3:])
