@@ -2,7 +2,7 @@
 
     python train.py                                         # the n model on the built-in shapes set
     python train.py --data coco.yaml --model s --batch 64 --device 0
-    python train.py --data mydata.yaml --model yolo11n.pt            # fine-tune Ultralytics' COCO weights
+    python train.py --data mydata.yaml --model yolo11n.pt     # fine-tune Ultralytics' COCO weights (fetched by name)
     torchrun --nproc_per_node 8 train.py --data coco.yaml --batch 256
     python train.py --resume                                # newest runs/train/*/weights/last.pt
 
@@ -82,7 +82,7 @@ parser = argparse.ArgumentParser(
 add = parser.add_argument
 add("--data", default="data/shapes.yaml", help="dataset yaml (or a Darknet / CVAT obj.data)")
 add("--model", default="n", help="YOLOv8 n..x, YOLO11 11n..x, YOLO26 26n..x, NMS-free 11n-e2e; .pt: ours, Ultralytics'")
-add("--weights", default="", help="initialise from this .pt, ours or Ultralytics' (tensors that match)")
+add("--weights", default="", help="initialise from this .pt, ours or Ultralytics' or yolo11n.pt (tensors that match)")
 add("--teacher", default="", help="distil from this trained .pt, ours or Ultralytics' (docs/training.md)")
 add("--scratch-recipe", action="store_true", help="with --weights: keep a scratch run's lr0 (docs/data.md)")
 add("--reg-max", type=int, default=0, help="box bins per side: 16 = DFL, 1 = no DFL; 0: the family's (26: 1, else 16)")
@@ -248,7 +248,7 @@ if resume_ckpt:
     log.info(f"resuming {args.resume} at epoch {start_epoch}, iteration {start_iteration}")
 sums, batches_done = monitor.epoch_loss_sums(resume_ckpt if start_iteration else None, len(loss_fn.names), device)
 
-# rebuilds the model; licence: that of the weights the run started from (Ultralytics': AGPL-3.0), else None
+# rebuilds the model; licence: that of the weights the run started from (Ultralytics' licence), else None
 checkpoint_header = dict(format=FORMAT, scale=scale, nc=nc, names=names, imgsz=args.imgsz, licence=licence)
 last_pt, best_pt = run_dir / "weights" / "last.pt", run_dir / "weights" / "best.pt"
 

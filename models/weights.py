@@ -76,7 +76,7 @@ def load_weights(path, device="cpu", build=True):
 def model_from_checkpoint(ckpt, source=""):
     """Rebuild the network from a checkpoint (its contents, or a path), with the EMA weights when it has
     them (last.pt), else its only weights (best.pt holds EMA weights). Returned in eval mode and in
-    channels_last layout (10-20% faster convolutions on CPU and CUDA), with `names` and `imgsz`
+    channels_last layout (oneDNN's and cuDNN's faster convolutions), with `names` and `imgsz`
     attached. A checkpoint that cannot be built: CheckpointError, one sentence."""
     if not isinstance(ckpt, dict):
         ckpt, source = read_checkpoint(ckpt)[1], ckpt
