@@ -13,7 +13,10 @@ import sys
 import threading
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
+import warm_python
 import yaml
 from test_ultralytics_checkpoint import PACKAGE, _drop_package, save_like_ultralytics, ultralytics_model
 from train_runs import REPO, TINY, run
@@ -176,6 +179,18 @@ def test_two_processes_asking_for_one_name_download_it_once(server, weights_dir,
     assert server.requests == {"/gated/yolo11n.pt": 1}
     assert (weights_dir / "yolo11n.pt").read_bytes() == yolo11n_bytes
     assert left_in(weights_dir) == ["yolo11n.pt"]
+
+
+def test_detect_takes_a_published_name_as_its_weights(server, weights_dir, monkeypatch, tmp_path):
+    monkeypatch.setenv("WEIGHTS_URL", server.url("good"))
+    image = tmp_path / "photo.jpg"
+    cv2.imwrite(str(image), np.full((64, 96, 3), 127, np.uint8))
+    cmd = [sys.executable, "detect.py", "--weights", "yolo11n.pt", "--source", image, "--out", tmp_path / "out"]
+    result = warm_python.run([*map(str, cmd), "--device", "cpu"], REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"{weights_dir / 'yolo11n.pt'}: weights under AGPL-3.0" in result.stdout
+    assert (tmp_path / "out" / "photo.jpg").is_file()
+    assert server.requests == {"/good/yolo11n.pt": 1}
 
 
 def test_an_unknown_name_lists_the_known_ones():
