@@ -54,12 +54,13 @@ def resolve_weights(value, flag="", timeout=TIMEOUT):
     that fails: CheckpointError, one sentence naming the URL, the cache path and how to place the file by hand."""
     if not value or Path(value).exists():
         return value
-    if value in PUBLISHED:
-        cached = cache_folder() / value
-        return str(cached if cached.is_file() else download_published(value, timeout))
-    if os.sep not in value and LOOKS_PUBLISHED.fullmatch(value):
+    name = str(value)  # a str or a Path
+    if name in PUBLISHED:
+        cached = cache_folder() / name
+        return str(cached if cached.is_file() else download_published(name, timeout))
+    if os.sep not in name and LOOKS_PUBLISHED.fullmatch(name):
         raise CheckpointError(
-            f"{flag + ' ' if flag else ''}{value} is neither a file nor one of Ultralytics' published detection "
+            f"{flag + ' ' if flag else ''}{name} is neither a file nor one of Ultralytics' published detection "
             f"checkpoints ({', '.join(PUBLISHED)}); give a checkpoint's path or one of those names"
         )
     return value
