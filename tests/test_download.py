@@ -117,10 +117,12 @@ def test_a_published_name_is_downloaded_once_checked_and_then_read_from_the_cach
     server, weights_dir, monkeypatch, capsys, yolo11n_bytes
 ):
     monkeypatch.setenv("WEIGHTS_URL", server.url("good"))
+    weights_dir.mkdir()
+    (weights_dir / ".yolo11n.pt.4194999.tmp").write_bytes(b"PK")  # what a download killed with SIGKILL left
     path = resolve_weights("yolo11n.pt")
     assert Path(path) == weights_dir / "yolo11n.pt"
     assert Path(path).read_bytes() == yolo11n_bytes
-    assert left_in(weights_dir) == ["yolo11n.pt"]  # no temporary file beside it
+    assert left_in(weights_dir) == ["yolo11n.pt"]  # no temporary file beside it, neither this one's nor the old one
     assert str(weights_dir / "yolo11n.pt") in capsys.readouterr().out  # the path is printed
 
     loaded = load_weights("yolo11n.pt")  # by name, as every script's --weights and predict's load() take it
@@ -159,6 +161,15 @@ def test_offline_the_sentence_names_the_url_and_the_cache_path(weights_dir, monk
     with pytest.raises(CheckpointError, match=r"yolo26s\.pt could not be downloaded from http://127\.0\.0\.1:9/mirror"):
         resolve_weights("yolo26s.pt", timeout=2)
     assert left_in(weights_dir) == []
+
+
+def test_a_cache_folder_that_cannot_be_made_is_named(tmp_path, monkeypatch):
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("WEIGHTS_DIR", str(tmp_path / "a_file" / "weights"))
+    with pytest.raises(
+        CheckpointError, match=r"yolo11n\.pt cannot be cached in .*a_file/weights \(Not a directory\); "
+    ):
+        resolve_weights("yolo11n.pt")
 
 
 def test_two_processes_asking_for_one_name_download_it_once(server, weights_dir, yolo11n_bytes):

@@ -120,12 +120,14 @@ def _fetch(url, path, name, timeout):
                 bar.update(len(block))
         if size and f.tell() != size:
             raise ValueError(f"truncated: {f.tell()} of the {size} bytes the server announced")
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the rename: a power cut leaves no file rather than a renamed empty one
 
 
 def _check(path, name):
     """ValueError unless `path` reads, through the safe loader, as the model its published name says."""
     with open(path, "rb") as f:
-        start = f.read(512).lstrip().lower()
+        start = f.read(512).lstrip()
     if start.startswith(b"<"):
         raise ValueError("the server sent an HTML page, not a checkpoint: a proxy's, a login's or an error page")
     try:
