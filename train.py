@@ -2,7 +2,7 @@
 
     python train.py                                         # the n model on the built-in shapes set
     python train.py --data coco.yaml --model s --batch 64 --device 0
-    python train.py --data mydata.yaml --model yolo11n.pt            # fine-tune Ultralytics' COCO weights
+    python train.py --data mydata.yaml --model yolo11n.pt     # fine-tune Ultralytics' COCO weights (fetched by name)
     torchrun --nproc_per_node 8 train.py --data coco.yaml --batch 256
     python train.py --resume                                # newest runs/train/*/weights/last.pt
 
@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from models.teacher import load_teacher
-from models.weights import architecture, class_width, initialise_from, load_weights
+from models.weights import architecture, class_width, initialise_from, run_files
 from models.yolo import YOLO, count_gflops, count_parameters
 from utils import mlflow_logging, monitor, settings  # MLflow; results.csv, TensorBoard, progress; settings resolved
 from utils.autobatch import batch_from_memory
@@ -82,7 +82,7 @@ parser = argparse.ArgumentParser(
 add = parser.add_argument
 add("--data", default="data/shapes.yaml", help="dataset yaml, a Darknet / CVAT obj.data, or an export's folder")
 add("--model", default="n", help="YOLOv8 n..x, YOLO11 11n..x, YOLO26 26n..x, NMS-free 11n-e2e; .pt: ours, Ultralytics'")
-add("--weights", default="", help="initialise from this .pt, ours or Ultralytics' (tensors that match)")
+add("--weights", default="", help="initialise from this .pt, ours or Ultralytics' or yolo11n.pt (tensors that match)")
 add("--teacher", default="", help="distil from this trained .pt, ours or Ultralytics' (docs/training.md)")
 add("--scratch-recipe", action="store_true", help="with --weights: keep a scratch run's lr0 (docs/data.md)")
 add("--reg-max", type=int, default=0, help="box bins per side: 16 = DFL, 1 = no DFL; 0: the family's (26: 1, else 16)")
@@ -134,6 +134,7 @@ except ValueError as e:  # CheckpointError too
     sys.exit(f"--resume: {e}")
 if args.mlflow and not mlflow_logging.mlflow_installed():  # optional: said before anything is written
     sys.exit(mlflow_logging.MLFLOW_MISSING)
+init_path, init_ckpt, teacher_path, licence = run_files(args, resume_ckpt, sources)  # checked before any dataset work
 
 device, rank, local_rank, world_size, flags_group = setup_distributed(args.device)
 is_main = rank == 0
@@ -177,15 +178,13 @@ except ValueError as e:
 
 # The architecture: the resumed run's, the .pt given as --model's, or a scale. --weights (or a .pt --model)
 # initialises the tensors that match (ours or an Ultralytics .pt, read without running code from it).
-init_path = args.model if args.model.endswith(".pt") else args.weights
 use_amp, amp_dtype = amp_settings(device, args.amp, args.amp_dtype)  # auto: bf16 where the hardware has it, else fp16
 teacher_dtype = teacher_dtype_for(device, use_amp, amp_dtype)  # bf16 on a CPU that has it, even in an fp32 run
-try:  # a resume has its own weights; an exported file (.onnx, ...) is refused in one sentence
-    init_ckpt = load_weights(init_path, build=False).checkpoint if init_path and not resume_ckpt else None
+try:
     scale, reg_max = architecture(args.model, args.reg_max, resume_ckpt, init_ckpt)
     # --teacher: read once, on every rank, frozen; the run's classes and imgsz; on resume, the file it started with
     resumed_teacher = resume_ckpt.get("teacher") if resume_ckpt else None
-    teacher, teacher_record = load_teacher(args.teacher, names, args.imgsz, device, teacher_dtype, resumed_teacher)
+    teacher, teacher_record = load_teacher(teacher_path, names, args.imgsz, device, teacher_dtype, resumed_teacher)
 except ValueError as e:  # CheckpointError too: one sentence naming the file
     sys.exit(f"error: {e}")
 
@@ -249,7 +248,8 @@ if resume_ckpt:
     log.info(f"resuming {args.resume} at epoch {start_epoch}, iteration {start_iteration}")
 sums, batches_done = monitor.epoch_loss_sums(resume_ckpt if start_iteration else None, len(loss_fn.names), device)
 
-checkpoint_header = dict(format=FORMAT, scale=scale, nc=nc, names=names, imgsz=args.imgsz)  # rebuilds the model
+# rebuilds the model; licence: that of the weights the run started from (Ultralytics' licence), else None
+checkpoint_header = dict(format=FORMAT, scale=scale, nc=nc, names=names, imgsz=args.imgsz, licence=licence)
 last_pt, best_pt = run_dir / "weights" / "last.pt", run_dir / "weights" / "best.pt"
 
 

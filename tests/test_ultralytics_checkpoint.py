@@ -408,6 +408,10 @@ def test_weights_with_another_class_count_transfer_all_but_the_class_convs(
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     total, fresh = len(YOLO(scale, nc=6).state_dict()), 6 * len(branches)
     assert f"initialised {total - fresh}/{total} tensors from {path}" in result.stdout + result.stderr
+    # the licence of Ultralytics' weights: said, and recorded beside --weights in args.yaml and in the checkpoints
+    assert f"{path}: weights under AGPL-3.0" in result.stdout
+    assert f"weights: {path}  # <- command line; licence AGPL-3.0" in (out / "args.yaml").read_text()
+    assert torch.load(out / "weights" / "best.pt", weights_only=True)["licence"] == "AGPL-3.0"
     trained = torch.load(out / "weights" / "last.pt", weights_only=True)["model"]
     source = ours.half().float().state_dict()
     for name, tensor in trained.items():

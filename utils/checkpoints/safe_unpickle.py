@@ -113,8 +113,8 @@ _SAFE = {
 
 class _Entries:
     """The archive's entries, each read at most once, and only as torch.save() writes them: uncompressed, so
-    that an entry cannot inflate (a 244 KB deflated entry was 0.5 GB), and in total no more bytes than the file
-    has, so that entries sharing their bytes (overlapping records of a crafted zip) cannot multiply them."""
+    that an entry cannot inflate (a small deflated entry can hold gigabytes), and in total no more bytes than the
+    file has, so that entries sharing their bytes (overlapping records of a crafted zip) cannot multiply them."""
 
     def __init__(self, archive, file_size):
         self.archive, self.file_size, self.unread = archive, file_size, file_size

@@ -37,6 +37,8 @@ _SCALE_BY_STEM = {"": {16: "n", 32: "s", 48: "m", 64: "l", 80: "x"}, "11": {16: 
 _SCALE_BY_STEM["26"] = _SCALE_BY_STEM["11"]
 # Modules whose objects a checkpoint legitimately rebuilds by calling them (numpy scalars, paths, ...).
 _DATA_MODULES = {"ultralytics", "torch", "numpy", "collections", "pathlib", "datetime"}
+LICENCE = "AGPL-3.0"  # Ultralytics' weights' licence; a model fine-tuned from them keeps it (their licence page)
+LICENCE_URL = "https://www.ultralytics.com/license"
 _OTHER_TASKS = {
     "SegmentationModel": "segmentation",
     "PoseModel": "pose",
@@ -157,5 +159,6 @@ def convert_ultralytics(obj, calls):
         "imgsz": int(max(imgsz) if isinstance(imgsz, (list, tuple)) else imgsz),
         "model": weights,
         "source": f"ultralytics {version}".strip(),
+        "licence": LICENCE,
         "args": {},  # their training settings mean other things here (their data yaml, their hyperparameters)
     }
