@@ -43,16 +43,17 @@ HYP = dict(
     ema_floor=("auto", "the EMA averages at least about the last 1 / (1 - ema_floor) updates; auto: 0 (off), or the "
                "fine-tuning table below"),
 )  # fmt: skip
-DEFAULTS = {key: value for key, (value, _) in HYP.items()}  # the plain values: dict(DEFAULTS, mixup=0.5)
+DEFAULTS = {key: value for key, (value, _) in HYP.items()}  # the plain values, as tests and bench/ read them
 
-AUTO_ADAMW_UNDER = (
-    10_000  # iterations: --optimizer auto picks AdamW for shorter runs, SGD from here (Ultralytics' auto)
-)
-# What `auto` becomes from scratch (and with --weights --scratch-recipe), by optimizer; nominal_batch None: --batch.
+# iterations: --optimizer auto picks AdamW for shorter runs, SGD from here (as Ultralytics' auto)
+AUTO_ADAMW_UNDER = 10_000
+# What `auto` becomes from scratch (and with --weights --scratch-recipe), by optimizer: YOLOv5's and YOLO26's values,
+# but AdamW steps after every batch (nominal_batch None), as its short runs have few steps to spare
+# (docs/training.md#why-the-defaults-are-what-they-are).
 SCRATCH = dict(
-    sgd=dict(lr0=0.01, nominal_batch=64, warmup_bias_lr=0.1, momentum=0.937, ema_floor=0.0),  # YOLOv5's
-    musgd=dict(lr0=0.01, nominal_batch=64, warmup_bias_lr=0.1, momentum=0.937, ema_floor=0.0),  # YOLO26's
-    adamw=dict(lr0=0.002, nominal_batch=None, warmup_bias_lr=0.1, momentum=0.937, ema_floor=0.0),  # short runs' steps
+    sgd=dict(lr0=0.01, nominal_batch=64, warmup_bias_lr=0.1, momentum=0.937, ema_floor=0.0),
+    musgd=dict(lr0=0.01, nominal_batch=64, warmup_bias_lr=0.1, momentum=0.937, ema_floor=0.0),
+    adamw=dict(lr0=0.002, nominal_batch=None, warmup_bias_lr=0.1, momentum=0.937, ema_floor=0.0),
 )  # fmt: skip
 # The fine-tuning table: what `auto` becomes in an AdamW run from --weights, over SCRATCH's adamw row, by the run's n
 # iterations against its w warmup iterations; the first row that holds (evidence:
