@@ -92,7 +92,11 @@ def help_epilog():
     for optimizer, values in SCRATCH.items():
         chosen = ", ".join(f"{key} {'one batch' if value is None else value}" for key, value in values.items())
         lines.append(f"  {optimizer:<6} {chosen}")
-    lines += ["", "the fine-tuning table: auto in an AdamW run from --weights, by the first row that holds:"]
+    lines += [
+        "",
+        "the fine-tuning table: auto in an AdamW run from --weights, by the first row that holds; n: the run's",
+    ]
+    lines += ["iterations (epochs x batches an epoch), w: its warmup's (--warmup-epochs of batches, at least 100):"]
     for when, _, values, why in FINE_TUNING:
         lines.append(f"  {when.format(n='n', w='w')}: " + ", ".join(f"{key} {value}" for key, value in values.items()))
         lines.append(f"      why: {why}")
