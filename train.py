@@ -6,7 +6,7 @@
     torchrun --nproc_per_node 8 train.py --data coco.yaml --batch 256
     python train.py --resume                                # newest runs/train/*/weights/last.pt
 
-In order: the command line (every hyperparameter of utils/hyperparameters.py is also a flag: --lr0 0.02); Settings,
+In order: the command line (every hyperparameter of utils/hyperparameters.py is also a flag: --lr0 auto); Settings,
 resolved once (resume, devices, the dataset's defaults, --batch -1, the optimizer; each value that is not --help's
 default is printed with its source and written so in args.yaml; after that args is read-only);
 the model, EMA, optimizer, loss; the Loop state (what last.pt saves, restored on resume) beside training_state;
@@ -59,7 +59,7 @@ from utils.ema import ModelEMA, unwrap
 from utils.evaluate import FITNESS, epoch_metrics, evaluate, format_table
 from utils.faults import StopRequest, abort_run, install_crash_handler, realign_ddp, too_large_batch
 from utils.general import seed_everything, setup_logging, write_run_file
-from utils.hyperparameters import HYP  # the learning-rate, loss and augmentation defaults: one table, each a flag
+from utils.hyperparameters import HYP, flag_type  # the learning-rate, loss and augmentation table: each a flag
 from utils.loss import DetectionLoss, resolve_class_weights
 from utils.optim import accumulation_windows, build_optimizer, optimizer_step, set_learning_rate
 from utils.plots import LatestOnly, in_background, plot_batch, plot_evaluation, plot_labels, plot_results
@@ -73,10 +73,8 @@ FAULTS = ("assign_on_cpu", "oom_skipped_steps", "nonfinite_skipped_steps")
 # allow_abbrev=False: "--epo 3" must not slip past explicit_flags and be overridden by the dataset's defaults
 parser = argparse.ArgumentParser(
     description="Train a YOLO detector",
-    epilog="The defaults shown are the parser's: a dataset yaml's `defaults:` (data/shapes.yaml sets imgsz and "
-    "epochs) and a resumed run's arguments change them; a run prints each value that differs with its source, and "
-    "writes it so in args.yaml.",
-    formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    epilog=settings.help_epilog(),  # what changes a default, and the tables of what each `auto` becomes
+    formatter_class=settings.HelpFormatter,
     allow_abbrev=False,
 )
 add = parser.add_argument
@@ -115,9 +113,9 @@ add("--profile", action="store_true", help="write a torch profiler trace of a fe
 add("--checkpoint-activations", action="store_true", help="recompute activations in backward to save memory")
 add("--compile", action="store_true", help="torch.compile the model (docs/training.md: when it pays)")
 add("--mlflow", action="store_true", help="log to MLflow: MLFLOW_TRACKING_URI, else a file store beside the run folder")
-for key, value in HYP.items():
+for key, (value, text) in HYP.items():
     names = [f"--{key}", f"--{key.replace('_', '-')}"] if "_" in key else [f"--{key}"]
-    add(*names, dest=key, type=type(value), default=value, help="hyperparameter")
+    add(*names, dest=key, type=flag_type(key), default=value, help=text)
 args = parser.parse_args()
 given_flags = settings.explicit_flags(parser, sys.argv[1:])
 sources = dict.fromkeys(given_flags, "command line")  # where each value that is not --help's default came from
@@ -196,7 +194,7 @@ if args.batch == -1:  # measured on the GPU with a model of this run's size (uti
 if args.batch < 1 or args.batch % world_size:
     sys.exit(f"--batch {args.batch} must be positive and divisible by the {world_size} processes, or -1 (measured)")
 batch = args.batch // world_size  # --batch is the total over all GPUs
-try:  # auto: adamw for short runs, sgd for long ones; lr0, nominal_batch 0: the optimizer's usual, or fine-tuning's
+try:  # each `auto`: utils/hyperparameters.py's tables, by the optimizer, the run's length and whether it fine-tunes
     per_epoch, fine_tuning = math.ceil(len(train_records) / args.batch), bool(init_ckpt) and not args.scratch_recipe
     vars(args).update(settings.resolve_optimizer(args, per_epoch, sources, fine_tuning))
 except ValueError as e:
@@ -218,7 +216,7 @@ if init_ckpt:
     log.info(f"{initialise_from(model, init_ckpt, init_path)}; {settings.fine_tuning_choices(args, sources)}")
 for name, p in model.named_parameters():
     p.requires_grad_(not any(name.startswith(prefix) for prefix in args.freeze.split(",") if prefix))
-model.to(device, memory_format=torch.channels_last)  # oneDNN's and cuDNN's fastest layout (~12% per step on a CPU)
+model.to(device, memory_format=torch.channels_last)  # oneDNN's and cuDNN's fastest layout
 if args.sync_bn and world_size > 1:
     model = sync_batchnorm(model, device)  # pitfall M3: torch's own, current SyncBN
 ema = ModelEMA(model, args.ema_decay, args.ema_tau, floor=args.ema_floor) if is_main else None  # rank 0 alone validates

@@ -6,7 +6,7 @@ GPU/CPU waits on data: add --workers, use --cache ram, or lower the augmentation
     python bench/bench_dataloader.py --batches 3 --steps 1 --sizes 320   # a quick smoke run
 
 The two are timed one after the other, never together, so neither steals the other's cores.
-The augmentation settings are utils/hyperparameters.py's HYP table (the defaults a run uses).
+The augmentation settings are utils/hyperparameters.py's DEFAULTS (the HYP table's values, a run's defaults).
 
 --per-worker: the loader alone, images/s per loader worker and images per CPU-second of a worker (what sizes the
 CPU of a GPU machine: cores needed = --target-rate / per-worker rate), at each worker count given, on a generated
@@ -49,7 +49,7 @@ from utils.data.images import cache_images  # noqa: E402
 from utils.data.labels import load_verified  # noqa: E402
 from utils.data.loader import EpochBatchSampler, TrainDataset, fix_cv2_and_file_limits, make_loader  # noqa: E402
 from utils.data.shapes import make_shapes  # noqa: E402
-from utils.hyperparameters import HYP  # noqa: E402
+from utils.hyperparameters import DEFAULTS  # noqa: E402
 from utils.loss import DetectionLoss  # noqa: E402
 
 
@@ -161,7 +161,7 @@ def profile_samples(records, size, hyp, n, cache_ram, batch):
 
 def per_worker(args, records, images_dir):
     """--per-worker: images/s of the loader at each worker count (best of --repeats), ours and the peer's."""
-    hyp = dict(HYP)
+    hyp = dict(DEFAULTS)
     print(machine())
     print(
         f"{len(records)} train images ({images_dir}) | batch {args.batch}, mosaic {hyp['mosaic']},"
@@ -303,7 +303,7 @@ def train_sources(args, tmp):
 
 def loader_against_step(args, records, nc):
     """The default mode: loader images/s and training-step images/s at each size, then the table of both."""
-    hyp = dict(HYP)
+    hyp = dict(DEFAULTS)
     print(machine())
     print(
         f"{len(records)} train images | loader: {args.workers} workers, batch {args.batch}, mosaic {hyp['mosaic']}"

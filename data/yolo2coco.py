@@ -2,7 +2,7 @@
 (for pycocotools, annotation tools, other repos). Training needs no conversion: a dataset yaml reads VOC and COCO
 json where they lie.
 
-    python data/yolo2coco.py --data data/coco128.yaml --split val --out instances_val.json
+    python data/yolo2coco.py --data data/shapes.yaml --split val --out instances_val.json
     python data/yolo2coco.py --images my_set/images/val --names cat dog --out instances_val.json
 
 Every image is verified as for training; broken ones are left out and listed. Image and annotation

@@ -94,7 +94,7 @@ class C3k2(C2f):
 
 class Attention(nn.Module):
     """Multi-head self-attention over the pixels of a feature map, with 1x1 convs as projections and a
-    depthwise 3x3 on the values as position encoding. Keys are half the width of values (attn_ratio 0.5)."""
+    depthwise 3x3 on the values as position encoding. Keys are half the width of values (YOLO11's attn_ratio)."""
 
     def __init__(self, dim, num_heads):
         super().__init__()

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from utils.data import labels as L
-from utils.hyperparameters import HYP
+from utils.hyperparameters import DEFAULTS
 
 # The augmentation table train.py uses by default (the one table, not a copy), and one with every augmentation off.
-NO_AUG = dict(HYP, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0, translate=0.0, scale=0.0, fliplr=0.0, mosaic=0.0)
+NO_AUG = dict(DEFAULTS, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0, translate=0.0, scale=0.0, fliplr=0.0, mosaic=0.0)
 
 # Pure colours (RGB) of the test rectangles: colour k is class k.
 COLOURS = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0)]

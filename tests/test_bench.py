@@ -312,12 +312,12 @@ def test_our_defaults_are_the_real_suites_same_recipe_on_every_set_so_one_cell_s
     from argparse import Namespace
 
     from bench.real_suite import SCRATCH
-    from utils.hyperparameters import HYP
+    from utils.hyperparameters import DEFAULTS
     from utils.settings import resolve_optimizer
 
     for batches in (8, 13, 33):
         chosen = [
-            resolve_optimizer(Namespace(**{**HYP, **flags, "batch": 16, "epochs": SCRATCH}), batches, {})
+            resolve_optimizer(Namespace(**{**DEFAULTS, **flags, "batch": 16, "epochs": SCRATCH}), batches, {})
             for flags in ({}, {"optimizer": "adamw", "lr0": 0.002})
         ]
         assert chosen[0] == chosen[1] and (chosen[0]["optimizer"], chosen[0]["lr0"]) == ("adamw", 0.002)

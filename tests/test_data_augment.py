@@ -29,7 +29,7 @@ from utils.data.augment import (
     random_affine_matrix,
     tile_boxes,
 )
-from utils.hyperparameters import HYP
+from utils.hyperparameters import DEFAULTS
 
 pytestmark = pytest.mark.usefixtures("user_cache_dir")  # the label caches in the test's own folder (data_helpers.py)
 
@@ -45,7 +45,7 @@ def test_thin_strip_image_does_not_break_loading(tmp_path):
     write_labels(p, 1200, 10, [(100, 0, 300, 10, 0)])
     write_image(folder / "normal.png", 64, 64)
     records = L.load_verified([folder], nc=1, split_name="train")
-    for hyp in (NO_AUG, HYP):
+    for hyp in (NO_AUG, DEFAULTS):
         dataset = D.TrainDataset(records, 32, hyp, seed=0)
         assert all(dataset[0, i][0].shape == (3, 32, 32) for i in range(2))
     val = D.ValDataset(records, 32, batch_size=2)
@@ -58,7 +58,7 @@ def test_red_image_arrives_red_first_channel(tmp_path):
         write_image(folder / f"red{k}.png", 64 + 16 * k, 48, background=(255, 0, 0))
     records = L.load_verified([folder], nc=1, split_name="train")
 
-    for hyp in (NO_AUG, HYP):  # with HSV jitter the red is lighter or darker but still red
+    for hyp in (NO_AUG, DEFAULTS):  # with HSV jitter the red is lighter or darker but still red
         dataset = D.TrainDataset(records, 64, hyp, seed=0)
         for i in range(4):
             image, _ = dataset[0, i]
@@ -179,7 +179,7 @@ def test_mosaic_sample_boxes_land_on_the_drawn_rectangles(tmp_path):
         rects = [(w // 8, h // 8, w // 2, h // 2, k % 4), (w // 2 + 8, h // 2 + 8, w - 8, h - 8, (k + 1) % 4)]
         write_labels(write_image(folder / f"im{k}.png", w, h, rects), w, h, rects)
     records = L.load_verified([folder], nc=4, split_name="train")
-    hyp = dict(HYP, hsv_h=0, hsv_s=0, hsv_v=0, flipud=0.5, mosaic_min_area=0.5)  # no cut box below half its area
+    hyp = dict(DEFAULTS, hsv_h=0, hsv_s=0, hsv_v=0, flipud=0.5, mosaic_min_area=0.5)  # no cut box below half its area
     dataset = D.TrainDataset(records, 96, hyp, seed=2)
     checked = 0
     for epoch in range(3):
@@ -204,7 +204,7 @@ def test_a_batch_decodes_each_image_once_and_draws_mosaic_partners_from_itself(t
     reads = []
     real = D.load_original
     monkeypatch.setattr(D, "load_original", lambda record, *a: reads.append(record["im"]) or real(record, *a))
-    dataset = D.TrainDataset(records, 64, dict(HYP, mixup=0.5), seed=0)
+    dataset = D.TrainDataset(records, 64, dict(DEFAULTS, mixup=0.5), seed=0)
     sampler = D.EpochBatchSampler(12, 4, seed=0)
     for batch in itertools.islice(iter(sampler), 6):
         reads.clear()
@@ -224,7 +224,7 @@ def test_train_dataset_boxes_stay_tight_through_every_transform(tmp_path):
     """End to end through TrainDataset: mosaic, affine (no rotation), flips, on and off."""
     folder = rect_dataset(tmp_path, n=4, w=96, h=72)
     records = L.load_verified([folder], nc=4, split_name="train")
-    hyp_no_colour = dict(HYP, hsv_h=0, hsv_s=0, hsv_v=0, flipud=0.5)  # colour jitter would hide the colours we look for
+    hyp_no_colour = dict(DEFAULTS, hsv_h=0, hsv_s=0, hsv_v=0, flipud=0.5)  # colour jitter would hide the colours
     checked = 0
     for hyp in (hyp_no_colour, dict(hyp_no_colour, mosaic=0.0)):
         dataset = D.TrainDataset(records, 64, hyp, seed=1)
@@ -242,7 +242,7 @@ def test_an_image_many_times_the_training_size_is_decoded_reduced_and_its_boxes_
     reads = []
     real = D.load_original
     monkeypatch.setattr(D, "load_original", lambda *a: reads.append(a[-1]) or real(*a))
-    hyp = dict(HYP, hsv_h=0, hsv_s=0, hsv_v=0)
+    hyp = dict(DEFAULTS, hsv_h=0, hsv_s=0, hsv_v=0)
     for imgsz, reduce in ((64, 8), (128, 4), (200, 2), (300, 1)):
         reads.clear()
         for image, labels in D.TrainDataset(records, imgsz, hyp, seed=0).__getitems__([(0, i) for i in range(4)]):
@@ -254,7 +254,7 @@ def test_an_image_many_times_the_training_size_is_decoded_reduced_and_its_boxes_
 def test_mosaic_is_switched_off_for_the_last_epochs_and_mixup_blends_two(tmp_path, monkeypatch):
     folder = rect_dataset(tmp_path, n=4)
     records = L.load_verified([folder], nc=4, split_name="train")
-    dataset = D.TrainDataset(records, 64, HYP, seed=0, mosaic_epochs=2)
+    dataset = D.TrainDataset(records, 64, DEFAULTS, seed=0, mosaic_epochs=2)
     calls = []
     real = D.TrainDataset.place
     monkeypatch.setattr(
@@ -265,6 +265,6 @@ def test_mosaic_is_switched_off_for_the_last_epochs_and_mixup_blends_two(tmp_pat
             dataset[epoch, i]
     assert calls == [4] * 8 + [1] * 8  # mosaics in epochs 0 and 1 only, then letterboxed single images
     calls.clear()
-    mixed = D.TrainDataset(records, 64, dict(HYP, mixup=1.0), seed=0)
+    mixed = D.TrainDataset(records, 64, dict(DEFAULTS, mixup=1.0), seed=0)
     image, labels = mixed[0, 0]
     assert calls == [4, 4] and image.shape == (3, 64, 64)

@@ -15,7 +15,7 @@ from utils.data import labels as L
 from utils.data import loader as D
 from utils.data.images import cache_images, resized_shapes
 from utils.distributed import NodeShare
-from utils.hyperparameters import HYP
+from utils.hyperparameters import DEFAULTS
 
 pytestmark = pytest.mark.usefixtures("user_cache_dir")  # the label caches in the test's own folder (data_helpers.py)
 
@@ -25,8 +25,8 @@ def test_cache_ram_gives_the_same_samples(tmp_path):
     # as validation does) where from disk the load resize is folded into the one resize that places each image.
     for (w, h), exact in (((64, 48), True), ((80, 60), False)):
         records = L.load_verified([rect_dataset(tmp_path / f"{w}", n=4, w=w, h=h)], nc=4, split_name="train")
-        a = D.TrainDataset(records, 64, HYP, seed=3)
-        b = D.TrainDataset(records, 64, HYP, seed=3, cache=cache_images(records, 64))
+        a = D.TrainDataset(records, 64, DEFAULTS, seed=3)
+        b = D.TrainDataset(records, 64, DEFAULTS, seed=3, cache=cache_images(records, 64))
         for keys in [[(0, 0)], [(0, 3)], [(1, i) for i in range(4)]]:
             for (ia, la), (ib, lb) in zip(a.__getitems__(keys), b.__getitems__(keys)):
                 if exact:
@@ -46,13 +46,13 @@ def test_cache_ram_that_would_not_fit_falls_back_to_reading_from_disk(tmp_path, 
     need = int((resized_shapes(records.shapes, 64).prod(1) * 3).sum())
     assert need == 4 * 48 * 64 * 3  # estimated from the sizes in the records, before anything is decoded
     monkeypatch.setattr("utils.data.images.available_memory", lambda: need)  # fits, but without 20% to spare
-    dataset = D.TrainDataset(records, 64, HYP, seed=3, cache=cache_images(records, 64))
+    dataset = D.TrainDataset(records, 64, DEFAULTS, seed=3, cache=cache_images(records, 64))
     assert dataset.cache is None
     warning = next(m for m in log_lines() if m.startswith("--cache ram"))
     assert "training without the RAM cache" in warning and f"{need / 1e9:.1f} GB" in warning
-    assert torch.equal(dataset[0, 1][0], D.TrainDataset(records, 64, HYP, seed=3)[0, 1][0])  # and it trains
+    assert torch.equal(dataset[0, 1][0], D.TrainDataset(records, 64, DEFAULTS, seed=3)[0, 1][0])  # and it trains
     monkeypatch.setattr("utils.data.images.available_memory", lambda: 2 * need)
-    assert D.TrainDataset(records, 64, HYP, seed=3, cache=cache_images(records, 64)).cache is not None
+    assert D.TrainDataset(records, 64, DEFAULTS, seed=3, cache=cache_images(records, 64)).cache is not None
 
 
 def test_cache_ram_for_validation_follows_the_records_it_sorts(tmp_path):

@@ -17,7 +17,7 @@ from utils.boxes import scale_boxes_to_original
 from utils.data import labels as L
 from utils.data import loader as D
 from utils.data.images import read_image
-from utils.hyperparameters import HYP
+from utils.hyperparameters import DEFAULTS
 
 pytestmark = pytest.mark.usefixtures("user_cache_dir")  # the label caches in the test's own folder (data_helpers.py)
 
@@ -73,7 +73,7 @@ def assert_same_batches(a, b):
 def test_same_batches_with_0_1_and_2_workers_and_after_a_mid_epoch_restart(tmp_path):
     folder = rect_dataset(tmp_path, n=6, w=80, h=64)
     records = L.load_verified([folder], nc=4, split_name="train")
-    dataset = D.TrainDataset(records, 64, dict(HYP, mixup=0.5), seed=7)
+    dataset = D.TrainDataset(records, 64, dict(DEFAULTS, mixup=0.5), seed=7)
     # 6 images, batch 2: 3 batches per epoch; 5 batches cross into the second epoch
     reference = loader_batches(dataset, D.EpochBatchSampler(6, 2, seed=7), 0, 5)
     for workers in (1, 2):
@@ -87,7 +87,7 @@ def test_same_batches_with_0_1_and_2_workers_and_after_a_mid_epoch_restart(tmp_p
         D.EpochBatchSampler(6, 2, seed=7, skip_batches=3), 3
     )
     # A fresh dataset object (a restarted process) produces the same samples.
-    again = D.TrainDataset(records, 64, dict(HYP, mixup=0.5), seed=7)
+    again = D.TrainDataset(records, 64, dict(DEFAULTS, mixup=0.5), seed=7)
     assert torch.equal(again[1, 4][0], dataset[1, 4][0])
 
 

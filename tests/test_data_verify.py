@@ -16,7 +16,7 @@ from utils.data import loader as D
 from utils.data.images import read_image
 from utils.data.records import Records
 from utils.data.shapes import NAMES, make_shapes
-from utils.hyperparameters import HYP
+from utils.hyperparameters import DEFAULTS
 
 pytestmark = pytest.mark.usefixtures("user_cache_dir")  # the label caches in the test's own folder (data_helpers.py)
 
@@ -214,7 +214,7 @@ def test_array_backed_records_yield_exactly_the_samples_of_the_list_of_dicts(tmp
         record.pop("dup", None)  # background records have none
     records = L.load_verified([tmp_path / "shapes" / "images" / "train"], len(NAMES), "train")
     assert isinstance(records, Records) and len(records) == len(dicts) == 10
-    hyp = HYP | {"mosaic": 0.5, "mixup": 0.3, "degrees": 5.0}
+    hyp = DEFAULTS | {"mosaic": 0.5, "mixup": 0.3, "degrees": 5.0}
     old, new = D.TrainDataset(dicts, 64, hyp, seed=3), D.TrainDataset(records, 64, hyp, seed=3)
     for key in itertools.product((0, 4), range(10)):
         (image_a, labels_a), (image_b, labels_b) = old[key], new[key]
@@ -232,7 +232,7 @@ def test_users_files_are_never_modified(tmp_path):
         k: v for k, v in hash_tree(tmp_path / "set" / "labels").items() if k.endswith(".txt")
     }
     records = L.load_verified([folder], nc=4, split_name="train")
-    dataset = D.TrainDataset(records, 64, HYP, seed=0)
+    dataset = D.TrainDataset(records, 64, DEFAULTS, seed=0)
     for i in range(len(dataset)):
         dataset[0, i]
     val = D.ValDataset(records, 64, batch_size=2)
@@ -253,7 +253,7 @@ def test_image_that_breaks_during_training_is_replaced_and_reported(tmp_path, ca
         victim.unlink()
     else:
         victim.write_bytes(b"not a png any more")
-    for hyp in (NO_AUG, HYP):  # the image on its own, and as a mosaic partner
+    for hyp in (NO_AUG, DEFAULTS):  # the image on its own, and as a mosaic partner
         dataset = D.TrainDataset(records, 64, hyp, seed=0)
         image, labels = dataset[0, 2]
         assert image.shape == (3, 64, 64) and len(labels) >= 1

@@ -12,8 +12,8 @@ HYP = dict(lr0=0.002, lrf=0.01, schedule="linear", warmup_bias_lr=0.1, warmup_mo
 
 def fine_tuning_schedule(epochs, batches):
     """(lr0, warmup iterations, the weights' rate at every iteration) of a fine-tuning AdamW run with the defaults."""
-    args = Namespace(optimizer="auto", lr0=0.0, nominal_batch=0, batch=16, epochs=epochs, warmup_epochs=3.0)
-    args.warmup_bias_lr, args.momentum, args.ema_floor = 0.1, 0.937, 0.0
+    args = Namespace(optimizer="auto", lr0="auto", nominal_batch="auto", batch=16, epochs=epochs, warmup_epochs=3.0)
+    args.warmup_bias_lr, args.momentum, args.ema_floor = "auto", "auto", "auto"
     chosen = resolve_optimizer(args, batches, {}, fine_tuning=True)
     lr0, bias_lr = chosen["lr0"], chosen["warmup_bias_lr"]
     warmup = warmup_length(args.warmup_epochs, batches)

@@ -24,12 +24,15 @@ def one_epoch_run(tiny_data, tmp_path_factory):
 
 
 def test_adamw_steps_after_every_batch_and_sgd_after_64_images_unless_told():
-    """--nominal-batch 0 (the default): AdamW, which auto picks for short runs, takes a step per batch (BCCD from
+    """--nominal-batch auto (the default): AdamW, which auto picks for short runs, takes a step per batch (BCCD from
     scratch: 0.558 against 0.466 mAP50-95 at 20 epochs); SGD and MuSGD keep 64 images per step; a given value is
-    kept."""
+    kept. Each auto says what it became; 0, the old spelling of auto (old last.pt files), still means it."""
+    usual = "auto: adamw's usual"
     assert resolve("auto") == (("adamw", 0.002, 16, 0.1, 0.937), {
-        "optimizer": "--optimizer auto: 500 iterations", "lr0": "adamw's usual rate",
-        "nominal_batch": "adamw: a step per batch"})  # fmt: skip
+        "optimizer": "--optimizer auto: 500 iterations", "lr0": usual, "nominal_batch": f"{usual}, a step per batch",
+        "warmup_bias_lr": usual, "momentum": usual, "ema_floor": usual})  # fmt: skip
+    assert resolve("auto", lr0=0.0, nominal_batch=0)[0] == resolve("auto")[0]
+    assert resolve("sgd", lr0=0.0, nominal_batch=0, fine_tuning=True)[0] == ("sgd", 0.01, 64, 0.1, 0.937)
     assert resolve("auto", keys=("ema_floor",))[0] == (0.0,)
     assert resolve("auto", epochs=2000)[0] == ("sgd", 0.01, 64, 0.1, 0.937)
     assert resolve("musgd")[0] == ("musgd", 0.01, 64, 0.1, 0.937)
@@ -42,15 +45,15 @@ def test_a_fine_tuning_runs_recipe_follows_its_length_against_its_warmup():
     10 epochs of 19 batches (190, 1.5x the warmup or more) and cells' 33 (330) also take Ultralytics' AdamW
     settings: a step per 64 images, biases warmed up from 0, beta1 0.9 (cards: 0.781 against 0.715, cells level,
     neither dipping). Each choice says why; a scratch run and SGD keep their usual values."""
-    from utils.settings import FINE_TUNE_BIAS_LR, FINE_TUNE_LR0
-
+    FINE_TUNE_BIAS_LR, FINE_TUNE_LR0 = 0.01, 0.00143  # the fine-tuning table's (utils/hyperparameters.py)
     (_, lr0, nb, bias, momentum), sources = resolve("auto", epochs=5, batches=13, fine_tuning=True)
     assert (lr0, nb, bias, momentum) == (0.002, 16, FINE_TUNE_BIAS_LR, 0.937)
     assert "65 iterations end within the 100-iteration warmup" in sources["lr0"]
     (_, lr0, nb, bias, momentum), sources = resolve("auto", epochs=10, batches=13, fine_tuning=True)
     assert (lr0, nb, bias, momentum) == (FINE_TUNE_LR0, 16, FINE_TUNE_BIAS_LR, 0.937) and FINE_TUNE_LR0 < 0.002
-    assert sources["lr0"].startswith("fine-tuning: 130 iterations outlast the 100-iteration warmup")
-    assert sources["warmup_bias_lr"].startswith("fine-tuning:") and "momentum" not in sources
+    assert sources["lr0"].startswith("auto, fine-tuning: 130 iterations outlast the 100-iteration warmup")
+    assert sources["warmup_bias_lr"].startswith("auto, fine-tuning:")
+    assert not sources["momentum"].startswith("auto, fine-tuning")
     (optimizer, lr0, nb, bias, momentum), sources = resolve("auto", epochs=10, batches=19, fine_tuning=True)
     assert (optimizer, lr0, nb, bias, momentum) == ("adamw", FINE_TUNE_LR0, 64, 0.0, 0.9)
     assert all("190 iterations, 1.5x the 100-iteration warmup" in sources[k] for k in ("nominal_batch", "momentum"))
@@ -66,12 +69,11 @@ def test_a_long_fine_tuning_run_averages_its_weights_over_about_its_last_ten_ste
     step's weights: cells (330 iterations) fell to 60% of its best at epoch 3, where its warmup ends. The long
     recipe's EMA floor (0.9: about the last ten steps from the start) smooths that; the shorter runs, the scratch runs
     and a given --ema-floor keep theirs."""
-    from utils.settings import FINE_TUNE_EMA_FLOOR
-
+    FINE_TUNE_EMA_FLOOR = 0.9  # the fine-tuning table's (utils/hyperparameters.py)
     long = dict(epochs=10, batches=19, fine_tuning=True, keys=("ema_floor",))
     (floor,), sources = resolve("auto", **long)
     assert floor == FINE_TUNE_EMA_FLOOR == 0.9
-    assert sources["ema_floor"].startswith("fine-tuning: 190 iterations")
+    assert sources["ema_floor"].startswith("auto, fine-tuning: 190 iterations")
     for short_or_scratch in (dict(epochs=10, batches=13, fine_tuning=True), dict(epochs=10, batches=19)):
         assert resolve("auto", keys=("ema_floor",), **short_or_scratch)[0] == (0.0,)
     assert resolve("auto", ema_floor=0.5, **long)[0] == (0.5,)
@@ -93,27 +95,29 @@ def test_a_fine_tuning_run_keeps_every_setting_given_on_the_command_line():
 
 def resolve(
     optimizer,
-    nominal_batch=0,
+    nominal_batch="auto",
     epochs=50,
     batches=10,
     warmup_epochs=3.0,
-    lr0=0.0,
+    lr0="auto",
     fine_tuning=False,
     keys=("optimizer", "lr0", "nominal_batch", "warmup_bias_lr", "momentum"),
     **given,
 ):
-    """utils.settings.resolve_optimizer for a run of `epochs` x `batches` at batch 16, warmup_bias_lr 0.1,
-    momentum 0.937 and ema_floor 0 unless `given` on the command line: (the resolved values of `keys`, the sources
-    it noted). A given lr0 or nominal_batch counts as given."""
+    """utils.settings.resolve_optimizer for a run of `epochs` x `batches` at batch 16, warmup_bias_lr, momentum and
+    ema_floor auto unless `given` on the command line: (the resolved values of `keys`, the sources it noted). A
+    given lr0 or nominal_batch counts as given."""
     from argparse import Namespace
 
     from utils.settings import resolve_optimizer
 
     sources = dict.fromkeys(given, "command line")
-    sources |= {key: "command line" for key, value in (("lr0", lr0), ("nominal_batch", nominal_batch)) if value}
+    sources |= {
+        key: "command line" for key, value in (("lr0", lr0), ("nominal_batch", nominal_batch)) if value != "auto"
+    }
     args = Namespace(optimizer=optimizer, lr0=lr0, nominal_batch=nominal_batch, batch=16, epochs=epochs)
-    args.warmup_epochs, args.warmup_bias_lr = warmup_epochs, given.get("warmup_bias_lr", 0.1)
-    args.momentum, args.ema_floor = given.get("momentum", 0.937), given.get("ema_floor", 0.0)
+    args.warmup_epochs, args.warmup_bias_lr = warmup_epochs, given.get("warmup_bias_lr", "auto")
+    args.momentum, args.ema_floor = given.get("momentum", "auto"), given.get("ema_floor", "auto")
     chosen = resolve_optimizer(args, batches, sources, fine_tuning)
     return tuple(chosen[key] for key in keys), sources
 
@@ -178,12 +182,10 @@ def test_weights_freeze_multi_scale_and_the_other_run_options(tiny_data, one_epo
     first, second = load(one_epoch_run / "weights/last.pt"), load(tmp_path / "second/weights/last.pt")
     # a fine-tuning run far past its (here absent) warmup: Ultralytics' AdamW settings, said on the line naming the file
     log = (tmp_path / "second/train.log").read_text()
-    why = r"fine-tuning: 6 iterations, 1.5x the 0-iteration warmup or more: Ultralytics' AdamW settings"
-    assert re.search(r"initialised .*; lr0 0.00143 <- fine-tuning: 6 iterations outlast the 0-iteration warmup", log)
-    assert re.search(rf"initialised .*; warmup_bias_lr 0.0 <- {why}.*; momentum 0.9 <- {why}, its beta1", log)
-    assert re.search(
-        r"initialised .*; ema_floor 0.9 <- fine-tuning: 6 iterations: an EMA of about its last 10 steps", log
-    )
+    why = r"auto, fine-tuning: 6 iterations, 1.5x the 0-iteration warmup or more"
+    assert re.search(rf"initialised .*; lr0 0.00143 <- {why}", log)
+    assert re.search(rf"initialised .*; warmup_bias_lr 0.0 <- {why}.*; momentum 0.9 <- {why}", log)
+    assert re.search(rf"initialised .*; ema_floor 0.9 <- {why}", log)
     second_args = yaml.safe_load((tmp_path / "second/args.yaml").read_text())
     keys = ("lr0", "warmup_bias_lr", "momentum", "nominal_batch", "ema_floor")
     assert [second_args[k] for k in keys] == [0.00143, 0.0, 0.9, 64, 0.9]

@@ -10,15 +10,15 @@ The spec is a YAML file of several documents. The first says how to run one
 experiment; each later one is a grid of experiments:
 
     template:                   # named commands, run in this order for each experiment
-      train: python train.py --data data/{data}.yaml --imgsz {imgsz} --lr0 {lr0} [resume] --out {_output}/train
+      train: python train.py --data data/{data}.yaml --imgsz {imgsz} --epochs {epochs} [resume] --out {_output}/train
       val: python val.py --weights {_output}/train/weights/best.pt --out {_output}/val
-    default: {data: shapes, lr0: 0.01, imgsz: 128, resume: null}  # every parameter's baseline
+    default: {data: shapes, epochs: 30, imgsz: 128, resume: null}  # every parameter's baseline
     resource: [0, 1, "2,3", cpu]   # one worker per entry: its GPU ids, or cpu
     alias:                      # optional: one value standing for several parameters
       data: {coco: {imgsz: 640}}
     output: runs/sweep          # optional: where experiment folders go (this is the default)
     ---
-    lr0: [0.005, 0.02]          # every combination of the lists is one experiment,
+    epochs: [10, 50]            # every combination of the lists is one experiment,
     data: [shapes, coco]        # a scalar counts as a one-element list
     ---
     _title: resume              # optional: run only the grids named with -t resume
@@ -30,7 +30,7 @@ In a command {name} becomes the parameter's value and [name] becomes
 it is true, for on/off flags). "${VAR}" is left to the shell. Built-ins:
     {_output}  the experiment's folder: <output>/<name>, relative to the current
                directory unless 'output' is an absolute path
-    {_name}    that folder's name, e.g. Lr0_0.02-Data_coco
+    {_name}    that folder's name, e.g. Epochs_50-Data_coco
     {_gpus}    the worker's resource entry: "0", "2,3" or "cpu"
 Commands run with CUDA_VISIBLE_DEVICES set to the worker's GPUs ("" for cpu), so
 inside a command its GPUs are numbered from 0.

@@ -43,7 +43,7 @@ _WEIGHTED_SUM = [False]  # set only while dfl_as_weighted_sum() traces a network
 @contextlib.contextmanager
 def dfl_as_weighted_sum():
     """Inside: dfl_decode takes DFL's expectation as a weighted sum (Mul, then a sum over the bins) instead of a matrix
-    product. For NCNN only, whose MatMul ran the n model at 320 px about 25% slower than the same graph with the sum
+    product. For NCNN only, whose MatMul ran slower than the same graph with the sum
     (bench/RESULTS.md); ONNX Runtime wants the product (see dfl_decode). Only while a network is traced: PyTorch's own
     results are the product's, bitwise."""
     _WEIGHTED_SUM[0] = True
@@ -56,8 +56,8 @@ def dfl_as_weighted_sum():
 def dfl_decode(distri, bins):
     """DFL: (..., 4 * reg_max) logits -> (..., 4) side distances in grid units, each the expectation
     of the softmax over its reg_max bins. `bins`: torch.arange(reg_max) (any device and dtype)."""
-    # A (bins, 1) matrix, not the vector: ONNX Runtime runs a MatMul with a 1-D operand about 6x slower (3.2 ms of
-    # 11n's 38 at 640 px, for 8,400 anchors); PyTorch gives the same result, bitwise, either way.
+    # A (bins, 1) matrix, not the vector: ONNX Runtime runs a MatMul with a 1-D operand several times slower;
+    # PyTorch gives the same result, bitwise, either way.
     probabilities = distri.reshape(*distri.shape[:-1], 4, len(bins)).softmax(-1)  # not unflatten: x2paddle lacks it
     if _WEIGHTED_SUM[0]:
         return (probabilities * bins.to(distri.dtype)).sum(-1)
@@ -113,7 +113,7 @@ def scale_boxes_to_original(boxes, ratio, pad, original_shape):
     ratio: the resize factor (new / original); pad: (left, top) padding added after resizing;
     original_shape: (height, width) of the image as it was read. The resize rounded each side to whole
     pixels (resized_side), so each axis is undone with its own exact factor, not the nominal one (off by up
-    to half a pixel per side: ~0.2 px at 320 px).
+    to half a pixel per side).
     """
     h, w = original_shape
     boxes = boxes.clone()

@@ -231,7 +231,7 @@ def amp_settings(device, amp=None, choice="auto"):
 
 def amp_dtype_for(device, choice="auto"):
     """--amp-dtype: bf16 or fp16, or auto: bf16 where the hardware computes in it (CPUs, GPUs of compute
-    capability 8.0+; on older GPUs torch.cuda.is_bf16_supported() is true too, but emulated and slow),
+    capability 8 and above; on older GPUs torch.cuda.is_bf16_supported() is true too, but emulated and slow),
     else fp16, which needs loss scaling."""
     if choice != "auto":
         return {"bf16": torch.bfloat16, "fp16": torch.float16}[choice]
@@ -241,16 +241,16 @@ def amp_dtype_for(device, choice="auto"):
 
 def teacher_dtype_for(device, use_amp, amp_dtype):
     """train.py --teacher: the dtype its frozen network runs in. Under AMP, the run's (its forward then costs what
-    the student's does under autocast). In an fp32 run on a CPU that computes bf16 itself, bf16 too: an s teacher's
-    forward took a third of its fp32 time there (AMX; bench/RESULTS.md "Distillation"), the step with it 1.2x a step
-    without instead of 1.7x, and its scores, targets of a KL and not gradients, keep bf16's 3 digits. Else fp32."""
+    the student's does under autocast). In an fp32 run on a CPU that computes bf16 itself, bf16 too: the teacher's
+    forward is far cheaper there (AMX; bench/RESULTS.md#distillation-accuracy-and-cost), and its scores, targets of a
+    KL and not gradients, keep enough of their digits in bf16. Else fp32."""
     if use_amp:
         return amp_dtype
     return torch.bfloat16 if device.type == "cpu" and cpu_has_native_bf16() else torch.float32
 
 
-# A training step of n at 320 px took 10x as long in bf16 as in fp32 with AVX2 kernels only, and half as long with
-# AVX512_BF16 (2-core AMD EPYC, bench/RESULTS.md "bf16 on the CPU")
+# bf16 is emulated and far slower than fp32 with AVX2 kernels only, faster with AVX512_BF16
+# (bench/RESULTS.md#bf16-on-the-cpu)
 BF16_EMULATED = (
     "--amp on this CPU: it has no native bf16 (AVX512_BF16 or AMX), so bf16 is emulated and about 10x slower than fp32 "
     "(bench/RESULTS.md); training goes on, leave out --amp to train faster"

@@ -9,10 +9,10 @@ import torch
 class ModelEMA:
     """ema = decay * ema + (1 - decay) * weights, with decay ramping up from 0 so that the average is
     not dominated by the random initial weights: decay(updates) = decay * (1 - exp(-updates / tau)). In a run of a
-    few hundred steps that stays near 0, and the EMA is the last step's weights, which at a high rate are noisy: a
-    fine-tuning run of cells fell to 60% of its best for one epoch. `floor` (a long fine-tuning run's: 0.9) keeps the
-    decay at least floor * (1 - exp(-updates * (1 - floor))): an average of about the last 1 / (1 - floor) steps from
-    the first few on, until the usual ramp passes it (0.9: after ~4,600 updates)."""
+    few hundred steps that stays near 0, and the EMA is the last step's weights, which at a high rate are noisy
+    (bench/RESULTS.md#fine-tuning-without-forgetting-measured-not-solved). `floor` (--ema-floor; the fine-tuning
+    table's long runs set it) keeps the decay at least floor * (1 - exp(-updates * (1 - floor))): an average of about
+    the last 1 / (1 - floor) steps from the first few on, until the usual ramp passes it."""
 
     def __init__(self, model, decay=0.9999, tau=2000, updates=0, floor=0.0):
         self.ema = copy.deepcopy(unwrap(model)).eval()  # always eval: BN uses running stats (pitfall M1)

@@ -113,9 +113,8 @@ def seed_everything(seed, deterministic=False):
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    # cuDNN's per-shape algorithm search stays off: on an H100 it added 29 s to a 10-epoch fine-tuning run's first
-    # epoch and 6 s to its final validation (every new batch shape searches again) and gained nothing per epoch
-    # (bench/RESULTS.md, "The GPU path"). Ultralytics leaves it off too.
+    # cuDNN's per-shape algorithm search stays off: every new batch shape searches again, which costs more than it
+    # gains (bench/RESULTS.md#the-gpu-path); Ultralytics leaves it off too
     torch.backends.cudnn.benchmark = False
     if deterministic:
         # Pitfall M6: floating-point sums depend on the order; pin the algorithms that choose it.

@@ -73,7 +73,7 @@ def start_mlflow_run(run_dir, settings):
     saved = json.loads(record.read_text()) if record.exists() else None
     uri = saved["tracking_uri"] if saved else os.environ.get("MLFLOW_TRACKING_URI") or local_store(run_dir)
     if uri.startswith("file:") or "://" not in uri:
-        # MLflow (3.17 here) refuses its file store unless asked for: it is kept (maintenance mode), new features go
+        # Recent MLflow refuses its file store unless asked for: it is kept (maintenance mode), new features go
         # to database stores, which need SQLAlchemy and a database. A folder of plain files suits a local run.
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     from mlflow.tracking import MlflowClient

@@ -119,7 +119,7 @@ def progress_text(names, losses, lr, memory_gb, images_per_second):
 
 def epoch_line(epoch, epochs, names, losses, metrics, seconds, faults):
     """The log line of an epoch, its parts joined with ' | ': losses (named by `names`, DetectionLoss.names), P/R/mAP,
-    the validation losses (metrics' val_<name>_loss, shown as `val box 1.234 cls 0.567 dfl 0.890`), time, and
+    the validation losses (metrics' val_<name>_loss, shown as `val box B cls C dfl D`), time, and
     faults if any."""
     parts = [f"epoch {epoch}/{epochs}: " + " ".join(f"{n} {v:.3f}" for n, v in zip(names, losses))]
     short = {"precision": "P", "recall": "R"}

@@ -56,8 +56,8 @@ def build_optimizer(model, name, lr, momentum, weight_decay):
 
 def newton_schulz_orthogonalise(matrix, steps=5):
     """The nearest semi-orthogonal matrix to `matrix` (U V^T of its SVD), roughly: five iterations of the quintic
-    Newton-Schulz map with Muon's coefficients, in bf16 (the iteration tolerates it; singular values land in
-    about 0.5..1.5, which Muon's updates do not mind)."""
+    Newton-Schulz map with Muon's coefficients, in bf16 (the iteration tolerates it; singular values land near 1,
+    not on it, which Muon's updates do not mind)."""
     x = matrix.bfloat16()
     x = x / (x.norm() + 1e-7)  # singular values <= 1, where the iteration converges
     tall = x.shape[0] > x.shape[1]

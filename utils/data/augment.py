@@ -41,7 +41,7 @@ def augment_hsv(img, rng, hgain=0.015, sgain=0.7, vgain=0.4, dst=None):
         return
     r = rng.uniform(-1, 1, 3) * (hgain, sgain, vgain) + 1
     hsv = cv2.cvtColor(img, cv2.COLOR_RGB2HSV)
-    # Each channel times its gain, rounded, saturated at 255: 4x faster than a lookup table. A hue pushed past 179
+    # Each channel times its gain, rounded, saturated at 255: faster than a lookup table. A hue pushed past 179
     # (at most 182 with the gains used: 1 +- hgain) is the same colour as that minus 180: HSV2RGB wraps it, as the old
     # "% 180" table did.
     cv2.transform(hsv, np.diag(r).astype(np.float32), dst=hsv)  # a float32 matrix: OpenCV's fast path
@@ -81,8 +81,8 @@ def flip(img, labels, lr, ud, dst=None):
 
 def warp(img, m, out_shape, dst=None):
     """cv2.warpAffine with m on continuous coordinates (as the boxes use): OpenCV maps pixel indices, whose
-    centres are at +0.5, so the matrix is shifted by half a pixel each side; else the image drifts from its boxes
-    by up to half a pixel times the scale."""
+    centres lie half a pixel in, so the matrix is shifted by half a pixel each side; else the image drifts from its
+    boxes by up to half a pixel times the scale."""
     half = np.array([[1.0, 0, 0.5], [0, 1, 0.5], [0, 0, 1]])
     index_m = np.linalg.inv(half) @ m @ half
     return cv2.warpAffine(img, index_m[:2], (out_shape[1], out_shape[0]), dst=dst, borderValue=(PAD_VALUE,) * 3)
@@ -144,7 +144,7 @@ def draw_tiles(out, tiles, canvas, m):
     size), cut to that canvas; m (3x3: a scale > 0 and a shift, no rotation, shear or flip) maps the canvas to
     `out`. No resized image, no mosaic canvas and no warp of the whole are made: they cost more than the decoding.
 
-    Each output pixel is drawn from the tile whose rectangle holds its centre. cv2.resize is 3x faster than
+    Each output pixel is drawn from the tile whose rectangle holds its centre. cv2.resize is faster than
     cv2.warpAffine but maps whole source pixels onto whole output pixels, so a tile's shift moves by up to half a
     source pixel: returned is what each tile got, for its boxes to follow: (ax, bx, ay, by), the map from canvas to
     `out` its pixels follow (x -> ax * x + bx), and its rectangle (x1, y1, x2, y2) in `out` (empty when out of
@@ -154,7 +154,7 @@ def draw_tiles(out, tiles, canvas, m):
     (mx, _, mbx), (_, my, mby) = m[:2].tolist()
     for img, (sx, sy), (x, y) in tiles:
         ih, iw = img.shape[:2]
-        # the tile's part of the canvas, then the output pixels whose centres (i + 0.5) fall in it, [lo, hi):
+        # the tile's part of the canvas, then the output pixels whose centres fall in it, [lo, hi):
         # neighbouring tiles share each edge exactly
         cx0, cx1, cy0, cy1 = max(x, 0), min(x + iw * sx, canvas), max(y, 0), min(y + ih * sy, canvas)
         x0, x1 = (min(max(math.ceil(mx * v + mbx - 0.5), 0), ow) for v in (cx0, cx1))

@@ -26,7 +26,7 @@ from utils.data.records import as_records
 log = logging.getLogger("yolo")
 
 
-RGB_FLAG = getattr(cv2, "IMREAD_COLOR_RGB", None)  # OpenCV >= 4.10: the decoder writes RGB itself, no conversion
+RGB_FLAG = getattr(cv2, "IMREAD_COLOR_RGB", None)  # newer OpenCV: the decoder writes RGB itself, no conversion
 REDUCED_FLAGS = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
 
 
@@ -181,7 +181,7 @@ def _map_on_every_process(buffer, path, size, share):
 # ---------------------------------------------------------------------------------------------
 
 # --max-pixels: an image whose header declares more pixels is excluded at verification, read from the header alone.
-# A few KB of PNG can declare 30000x30000 (a decompression bomb): decoded, 2.7 GB per copy, in every loader worker.
+# A few KB of PNG can declare 30000x30000 (a decompression bomb): decoded, gigabytes per copy, in every loader worker.
 # 40 million is more than a 6000x6000 photo (36 Mpx; a 50 Mpx camera's 8192x5464 is more: raise it for those), and
 # training resizes to --imgsz anyway, so a larger image only costs memory and decoding time.
 MAX_PIXELS = 40_000_000
@@ -222,7 +222,7 @@ def _tail(path, n=1024):
 
 
 def header_shape(path, max_pixels=MAX_PIXELS):
-    """(h, w) read from the image's header (~0.1 ms, against 1-3 ms to decode a 640 px JPEG), as cv2.imread
+    """(h, w) read from the image's header (far cheaper than decoding the image), as cv2.imread
     will return the image; None when the header cannot tell: a format PIL does not read, not an image at all,
     or an EXIF rotation (cv2 applies it: then the caller decodes, and gets the size cv2 will use). An image of more
     than max_pixels (--max-pixels): BadImage, never None, so that the caller does not decode it."""

@@ -43,7 +43,7 @@ from utils.locks import remove_stale_temporary_files
 from utils.settings import default_workers
 
 CACHE_VERSION = 4  # bump when the record or the checks change: old caches are then rebuilt
-VERIFY_IN_PROCESSES_FROM = 2000  # images; fewer are verified in threads (a process pool costs ~0.1 s to start)
+VERIFY_IN_PROCESSES_FROM = 2000  # images; fewer are verified in threads, which start at once where a pool does not
 log = logging.getLogger("yolo")
 
 
@@ -83,7 +83,7 @@ def list_images(sources):
 
 def _listed_images(list_file):
     """The image paths of a .txt list, one per line, relative to the list. Darknet lists name them from the folder
-    that holds the dataset as `data/` (CVAT's "YOLO 1.1" export: `data/obj_train_data/x.jpg` in the train.txt
+    that holds the dataset as `data/` (CVAT's YOLO export: `data/obj_train_data/x.jpg` in the train.txt
     beside obj_train_data/): when the first line exists only without that prefix, it is dropped from every line."""
     lines = [line.strip() for line in list_file.read_text().splitlines() if line.strip()]
     if lines and without_darknet_prefix(list_file.parent, lines[0]) != lines[0]:
@@ -343,7 +343,7 @@ def _verify_all(image_files, nc, split_name, workers, max_pixels=MAX_PIXELS):
     records, problems = [], []
     annotated = not isinstance(image_files[0], str)
     # Header and label parsing is Python, held by the GIL: a large set is spread over processes, one per
-    # core this process may use (~8 s for COCO's 118k images on 8 cores); a small one runs in threads.
+    # core this process may use; a small one runs in threads.
     processes = len(image_files) >= VERIFY_IN_PROCESSES_FROM and workers > 1
     pool = multiprocessing.get_context("fork").Pool(workers) if processes else ThreadPoolExecutor(workers)
     with pool:

@@ -263,7 +263,7 @@ def epoch_order(n, seed, epoch):
 
 
 def multi_scale_size(imgsz, seed, iteration, stride=32):
-    """--multi-scale: the training size of an iteration, 0.5x to 1.5x imgsz, always a multiple of the
+    """--multi-scale: the training size of an iteration, from half to three halves of imgsz, a multiple of the
     stride (the levels of the network must halve evenly). A pure function of (seed, iteration), so
     every DDP rank draws the same size without talking (pitfall M4: else a rank with a small size
     waits for one with a large size) and a resumed run draws the same."""

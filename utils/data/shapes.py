@@ -190,9 +190,9 @@ def draw_image(rng, w, h, style="shapes", class_odds=None):
 def make_shapes(root, n_train=1000, n_val=200, seed=0, size=320, style="shapes", class_odds=None):
     """Write images/{train,val}/*.jpg and labels/{train,val}/*.txt under root. Returns root.
     Does nothing when root already holds a set made with the same settings. `class_odds`: the relative frequency of
-    each class in the train split (0: never drawn), for an imbalanced set (bench/RESULTS.md, "Rare classes"); the val
-    split draws the classes whose odds are not 0 equally often, so that each class's AP is measured on as many
-    objects."""
+    each class in the train split (0: never drawn), for an imbalanced set
+    (bench/RESULTS.md#rare-classes---cls-weights-auto); the val split draws the classes whose odds are not 0 equally
+    often, so that each class's AP is measured on as many objects."""
     root = Path(root)
     marker = root / "shapes.json"
     settings = {"version": GENERATOR_VERSION, "n_train": n_train, "n_val": n_val, "seed": seed, "size": size}
