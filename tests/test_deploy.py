@@ -249,7 +249,7 @@ def test_missing_openvino_is_one_sentence(trained, benchmark, tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino now raises ImportError
     with pytest.raises(SystemExit) as exit_info:
         export.main(["--weights", str(trained), "--openvino"])
-    # the pip line of that format alone, not requirements-dev.txt (which pulls in litert-torch's ~0.9 GB)
+    # the pip line of that format alone, not requirements-export.txt (every format's, ~4 GB)
     sentence = "--openvino needs openvino, which is not installed: pip install onnx openvino"
     assert str(exit_info.value.code) == f"error: {sentence}"
     sentence = r"best_openvino_model \(an OpenVINO model\) needs openvino, which is not installed: pip install openvino"

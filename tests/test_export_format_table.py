@@ -56,7 +56,7 @@ def test_every_format_comes_from_one_table(tmp_path, monkeypatch):
 
 @needs("openvino")  # the one OpenVINO note below: its int8 alone left out
 def test_a_missing_package_is_one_sentence_with_the_pip_line_of_that_format(tmp_path, monkeypatch, capsys):
-    """Each format names only its own packages (not requirements-dev.txt, ~0.9 GB with litert-torch), looked up
+    """Each format names only its own packages (not requirements-export.txt, ~4 GB), looked up
     with importlib.util.find_spec before anything is loaded or written."""
     weights = make_checkpoint(tmp_path / "best.pt")
     find_spec, absent = importlib.util.find_spec, {"onnxruntime", "nncf", "litert_torch"}
