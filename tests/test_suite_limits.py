@@ -96,7 +96,7 @@ def test_a_warm_run_gets_the_threads_a_new_python_would(tmp_path, monkeypatch):
     assert warm() == cold() == "1"
 
 
-def test_the_readme_gives_the_quick_test_command_and_the_whole_one_that_ci_runs():
+def test_the_readme_test_command_installs_what_ci_installs_and_runs_what_ci_runs():
     """README "Tests": the quick command installs requirements-dev.txt (an export format's tests then skip, naming
     its pip line: tests/runtimes.py); the whole one installs what .ci/run installs, and both run CI's test command: a
     package that .ci/run alone installed (tf_keras once was) failed test_deploy.py on a fresh clone that followed the
