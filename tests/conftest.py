@@ -60,6 +60,6 @@ def pytest_runtest_setup(item):
     """A test marked needs(...) (tests/runtimes.py) skips where that format's packages are missing, naming their pip
     line; under CI=true, where .ci/run installs them all, it fails."""
     for mark in item.iter_markers("needs"):
-        from runtimes import need  # here: it imports torch, which most of the suite's collection need not
+        from runtimes import need  # here, not at the top: it imports torch, after cap_memory() above
 
         need(*mark.args, **mark.kwargs)
