@@ -30,12 +30,6 @@ def needs(*names, int8=False):
     return pytest.mark.needs(*names, int8=int8)
 
 
-def benchmark_formats():
-    """The formats export.py --benchmark writes and runs on this machine (not Core ML off macOS, not TensorRT
-    without a GPU): a test of its table needs all of them."""
-    return tuple(row.name for row in export_formats.FORMATS if not (row.cannot_run() or row.cannot_write()))
-
-
 def packages_and_line(names, int8=False):
     """The packages the named formats (or TrackEval) need, each once in their rows' order, and their pip line."""
     if names == ("trackeval",):

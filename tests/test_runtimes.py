@@ -59,10 +59,3 @@ def test_the_line_names_what_is_missing_and_the_nodeps_install_where_one_of_thos
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="^CI=true: nncf missing: "):
         runtimes.need("openvino", int8=True)
-
-
-def test_the_benchmark_needs_every_format_that_runs_here():
-    """Not Core ML off macOS, not TensorRT without a GPU: the formats --benchmark leaves out with a note."""
-    names = runtimes.benchmark_formats()
-    assert {"onnx", "torchscript", "openvino", "tflite", "ncnn", "paddle", "saved_model", "pb"} <= set(names)
-    assert "engine" not in names and ("coreml" in names) == (sys.platform == "darwin")
