@@ -53,3 +53,13 @@ def pytest_collection_modifyitems(config, items):
         group = "slurm" if "slurm_cluster" in getattr(item, "fixturenames", ()) else item.module.__name__
         item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: not item.module.__name__.startswith("test_train_"))  # stable: the rest keep their order
+
+
+@pytest.hookimpl(tryfirst=True)  # before the fixtures are set up: a module fixture exports to every format
+def pytest_runtest_setup(item):
+    """A test marked needs(...) (tests/runtimes.py) skips where that format's packages are missing, naming their pip
+    line; under CI=true, where .ci/run installs them all, it fails."""
+    for mark in item.iter_markers("needs"):
+        from runtimes import need  # here, not at the top: it imports torch, after cap_memory() above
+
+        need(*mark.args, **mark.kwargs)

@@ -22,6 +22,7 @@ import pytest
 import torch
 import warm_python
 from calibrated_model import labelled_checkpoint, make_checkpoint, one_thread, scene  # noqa: F401 (one_thread)
+from runtimes import needs
 
 import export
 from models.predict import load, predict
@@ -48,6 +49,8 @@ FORMATS = {  # --benchmark's files, by the label the table gives them
     ("TF SavedModel", "fp32"): "best_saved_model",
     ("TF GraphDef", "fp32"): "best.pb",
 }
+# the tests of the benchmark fixture's files need each of their formats' packages, INT8's too
+EVERY = needs(*(row.name for row in export_formats.FORMATS if row.runtime in {b for b, _ in FORMATS}), int8=True)
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +100,7 @@ def run_val(weights, out, *options):
     return json.loads((out / "metrics.json").read_text())
 
 
+@EVERY
 def test_benchmark_table_has_every_format_and_the_gate_holds(benchmark):
     folder, printed = benchmark
     rows = table_rows(printed)
@@ -113,6 +117,7 @@ def test_benchmark_table_has_every_format_and_the_gate_holds(benchmark):
     assert rows["ONNX Runtime", "int8"][0] < 0.6 * rows["ONNX Runtime", "fp32"][0]  # int8 weights: a quarter + scales
 
 
+@needs("openvino", int8=True)
 def test_benchmark_times_every_format_again_at_each_latency_size(trained, tmp_path, monkeypatch):
     """--latency-imgsz: at each size that is not the scored one, every format is written again (INT8 calibrated at
     that size) into <stem>_benchmark/<size>px/, checked against PyTorch and timed there; one latency and speed-up
@@ -139,6 +144,7 @@ def test_benchmark_times_every_format_again_at_each_latency_size(trained, tmp_pa
         export.main([*command, "--latency-imgsz", "100"])
 
 
+@EVERY
 @pytest.mark.parametrize("key", [("OpenVINO", "int8"), ("ONNX Runtime", "fp32"), ("LiteRT", "fp32"), ("NCNN", "fp32")])
 def test_val_py_scores_an_exported_file_as_the_gate_did(benchmark, key, tmp_path):
     """val.py needs no --data or --imgsz for an exported file (its metadata names them) and prints the mAP the
@@ -148,6 +154,7 @@ def test_val_py_scores_an_exported_file_as_the_gate_did(benchmark, key, tmp_path
     assert metrics["mAP50-95"] == pytest.approx(table_rows(printed)[key][1], abs=1e-4)
 
 
+@EVERY
 def test_metadata_round_trip(benchmark):
     folder, _ = benchmark
     for (backend, precision), name in FORMATS.items():
@@ -160,6 +167,7 @@ def test_metadata_round_trip(benchmark):
     assert "yolo_flat" in xml.read_text() and sorted(p.name for p in xml.parent.iterdir()) == ["best.bin", "best.xml"]
 
 
+@EVERY
 def test_detect_and_predict_on_openvino_give_the_boxes_of_the_pt(trained, benchmark, tmp_path):
     folder, _ = benchmark
     images = trained.parent.parent / "set" / "val" / "images"
@@ -237,11 +245,12 @@ def test_int8_gate_fails_with_its_advice(trained, tmp_path):
     assert not list(tmp_path.glob("*.onnx")) and (tmp_path / "best_int8.onnx.rejected").is_file()
 
 
+@EVERY
 def test_missing_openvino_is_one_sentence(trained, benchmark, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino now raises ImportError
     with pytest.raises(SystemExit) as exit_info:
         export.main(["--weights", str(trained), "--openvino"])
-    # the pip line of that format alone, not requirements-dev.txt (which pulls in litert-torch's ~0.9 GB)
+    # the pip line of that format alone, not requirements-export.txt (every format's, ~4 GB)
     sentence = "--openvino needs openvino, which is not installed: pip install onnx openvino"
     assert str(exit_info.value.code) == f"error: {sentence}"
     sentence = r"best_openvino_model \(an OpenVINO model\) needs openvino, which is not installed: pip install openvino"
@@ -249,6 +258,7 @@ def test_missing_openvino_is_one_sentence(trained, benchmark, tmp_path, monkeypa
         load(benchmark[0] / "best_openvino_model")
 
 
+@EVERY
 def test_tflite_without_its_packages_and_a_foreign_tflite_are_one_sentence(trained, benchmark, tmp_path, monkeypatch):
     foreign = tmp_path / "other.tflite"  # a TFLite file without our metadata: a model from elsewhere
     foreign.write_bytes((benchmark[0] / "best.tflite").read_bytes().split(b"PK\x03\x04")[0])
@@ -272,6 +282,7 @@ def test_tflite_without_its_packages_and_a_foreign_tflite_are_one_sentence(train
         load(benchmark[0] / "best.tflite")
 
 
+@EVERY
 @torch.no_grad()
 def test_the_tflite_file_holds_its_anchor_grid_as_constants_and_the_fixed_grid_answers_as_the_computed_one(
     trained, benchmark

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from calibrated_model import ROOT, make_checkpoint, one_thread  # noqa: F401 (one_thread: autouse fixture)
+from runtimes import needs
 
 import export
 from utils.checkpoints.ours import CheckpointError
@@ -53,8 +54,9 @@ def test_every_format_comes_from_one_table(tmp_path, monkeypatch):
         load_exported(other)
 
 
+@needs("openvino")  # the one OpenVINO note below: its int8 alone left out
 def test_a_missing_package_is_one_sentence_with_the_pip_line_of_that_format(tmp_path, monkeypatch, capsys):
-    """Each format names only its own packages (not requirements-dev.txt, ~0.9 GB with litert-torch), looked up
+    """Each format names only its own packages (not requirements-export.txt, ~4 GB), looked up
     with importlib.util.find_spec before anything is loaded or written."""
     weights = make_checkpoint(tmp_path / "best.pt")
     find_spec, absent = importlib.util.find_spec, {"onnxruntime", "nncf", "litert_torch"}

@@ -18,6 +18,7 @@ from calibrated_model import (  # noqa: F401 (one_thread: autouse fixture)
     pytorch_model,
 )
 from cuda_emulator import CudaEmulator
+from runtimes import missing, needs
 
 import export
 from models.predict import load
@@ -28,6 +29,7 @@ from utils.inference import load_exported
 
 NAMES = ["ring", "box", "blob"]
 FILES = {"ncnn": "best_ncnn_model", "mnn": "best.mnn", "executorch": "best.pte", "paddle": "best_paddle_model"}
+EACH = [pytest.param(name, marks=needs(name)) for name in FILES]  # each case skips alone where its runtime is missing
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +39,13 @@ def exported(tmp_path_factory):
     folders = {}
     for scale, imgsz in (("n", 64), ("26n", 96)):
         weights = make_checkpoint(tmp_path_factory.mktemp(scale) / "best.pt", imgsz=imgsz, scale=scale)
-        for name in FILES:
+        for name in (name for name in FILES if missing(name) is None):  # the others' tests skip (runtimes.py)
             export.main(["--weights", str(weights), f"--{name}", "--runs", "1", "--conf", str(CONF)])
         folders[scale] = weights
     return folders
 
 
-@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("name", EACH)
 def test_phone_formats_give_pytorchs_outputs_and_carry_their_metadata(exported, name):
     weights = exported["n"]
     model = load_exported(weights.parent / FILES[name])
@@ -59,7 +61,7 @@ def test_phone_formats_give_pytorchs_outputs_and_carry_their_metadata(exported, 
         assert "MatMul" not in (weights.parent / FILES[name] / "best.param").read_text()
 
 
-@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("name", EACH)
 def test_yolo26_end_to_end_runs_in_each_phone_format(exported, name):
     """NCNN has no TopK (and x2paddle's graph takes none of its kind): the file answers the one-to-one head per
     anchor and the loader picks the best 300, as the graph does elsewhere; MNN and ExecuTorch run the graph's TopK.
@@ -68,7 +70,7 @@ def test_yolo26_end_to_end_runs_in_each_phone_format(exported, name):
     assert_gives_the_final_detections(weights, load_exported(weights.parent / FILES[name]))
 
 
-@pytest.mark.parametrize("name", ["ncnn", "mnn"])
+@pytest.mark.parametrize("name", EACH[:2])
 def test_half_stores_fp16_weights_and_keeps_the_detections(exported, tmp_path, name):
     weights = tmp_path / "best.pt"
     weights.write_bytes(exported["n"].read_bytes())
@@ -82,6 +84,7 @@ def test_half_stores_fp16_weights_and_keeps_the_detections(exported, tmp_path, n
         export.main(["--weights", str(weights), f"--{name}", "--int8"])
 
 
+@needs("coreml")
 def test_coreml_is_written_with_a_checked_spec_and_refused_to_run_off_macos(tmp_path, capsys, monkeypatch):
     weights = make_checkpoint(tmp_path / "best.pt")
     export.main(["--weights", str(weights), "--coreml", "--runs", "1"])
@@ -143,6 +146,7 @@ def test_tensorrt_needs_a_gpu_and_its_package_each_said_in_one_sentence(tmp_path
         load_exported(engine)
 
 
+@needs("ncnn", "mnn", "executorch")
 def test_a_crashing_converter_and_truncated_files_are_one_sentence(exported, tmp_path, monkeypatch):
     weights = tmp_path / "best.pt"
     weights.write_bytes(exported["n"].read_bytes())
@@ -167,6 +171,7 @@ def test_a_crashing_converter_and_truncated_files_are_one_sentence(exported, tmp
         load_exported(folder)
 
 
+@needs("mnn")
 def test_mnns_converter_runs_without_its_logger_which_pip_installs_into_the_users_environment(tmp_path):
     """--mnn runs MNN's converter without importing MNN.tools.mnnconvert, whose telemetry logger runs
     `pip install -U aliyun-log-python-sdk` where that is missing: its protobuf<6 replaced the 6.x that onnx needs, and

@@ -24,6 +24,7 @@ from calibrated_model import (  # noqa: F401 (one_thread: autouse fixture)
     one_thread,
     pytorch_model,
 )
+from runtimes import needs
 
 import export
 from models.predict import load, predict
@@ -34,6 +35,7 @@ from utils.inference import compare_detections, load_exported
 
 NAMES = ["ring", "box", "blob"]
 FILES = {"saved_model": "best_saved_model", "pb": "best.pb"}
+pytestmark = needs(*FILES)  # every test here runs the files of the module fixture below
 
 
 @pytest.fixture(scope="module")

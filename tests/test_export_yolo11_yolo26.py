@@ -11,6 +11,7 @@ from calibrated_model import (
     one_thread,  # noqa: F401 (one_thread: autouse fixture)
     pytorch_model,
 )
+from runtimes import needs
 
 import export
 from models.predict import load
@@ -90,6 +91,7 @@ def test_nms_free_model_with_dfl_exports_its_final_detections(tmp_path):
     assert unmatched == 0 and boxes < 1e-2 and scores < 1e-4
 
 
+@needs("tflite")
 def test_tflite_of_yolo26_gives_its_final_detections(tmp_path):
     """litert-torch converts the end-to-end graph (TopK and gathers, no NMS); export.py's check holds the file to
     PyTorch's detections, and the metadata appended to the flatbuffer is read back."""

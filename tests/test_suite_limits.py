@@ -97,15 +97,19 @@ def test_a_warm_run_gets_the_threads_a_new_python_would(tmp_path, monkeypatch):
 
 
 def test_the_readme_test_command_installs_what_ci_installs_and_runs_what_ci_runs():
-    """A user who runs the README's test command gets CI's environment and command: a package that .ci/run alone
-    installs (tf_keras once was) failed test_deploy.py on a fresh clone that followed the README."""
+    """README "Tests": the quick command installs requirements-dev.txt (an export format's tests then skip, naming
+    its pip line: tests/runtimes.py); the whole one installs what .ci/run installs, and both run CI's test command: a
+    package that .ci/run alone installed (tf_keras once was) failed test_deploy.py on a fresh clone that followed the
+    README."""
     readme = (REPO / "README.md").read_text()
-    quick_start = readme.split("## Quick start", 1)[1].split("```", 2)[1]
+    commands = readme.split("## Tests", 1)[1].split("```", 2)[1].splitlines()
     ci = (REPO / ".ci" / "run").read_text()
     installs = [
         line.split("pip install", 1)[1].replace(" -q", "").strip() for line in ci.splitlines() if "pip install" in line
     ]
     installs = [words for words in installs if words != "--upgrade pip"]
-    assert installs and all(f"pip install {words}" in quick_start for words in installs), (installs, quick_start)
     test_command = next(line.split(".venv/bin/", 1)[1] for line in ci.splitlines() if "pytest" in line)
-    assert test_command in quick_start, (test_command, quick_start)
+    quick = f"pip install -r requirements-dev.txt && {test_command}"
+    assert any(line.startswith(quick) for line in commands), (quick, commands)
+    whole = " && ".join([*(f"pip install {words}" for words in installs), test_command])
+    assert len(installs) >= 2 and any(line.startswith(whole) for line in commands), (whole, commands)

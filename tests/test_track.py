@@ -3,7 +3,6 @@
 the emulated GPU path, image folders refused, and a stream that drops and comes back."""
 
 import itertools
-import os
 import threading
 import time
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from calibrated_model import make_checkpoint, one_thread, scene  # noqa: F401 (one_thread: autouse fixture)
+from runtimes import needs
 from test_streams import MjpegServer, quick_reconnect  # noqa: F401 (quick_reconnect: a fixture)
 
 import detect
@@ -110,9 +110,8 @@ def test_assignment_is_optimal_and_respects_the_limit():
     assert linear_assignment(np.zeros((0, 3)), 0.8) == []
 
 
+@needs("trackeval")
 def test_mot_text_round_trips_through_the_evaluator(tmp_path):
-    if os.environ.get("CI") != "true":  # .ci/run installs it: there a missing evaluator fails instead
-        pytest.importorskip("trackeval", reason="pip install --no-deps -r requirements-nodeps.txt")
     from bench.track_benchmark import evaluate, ours
 
     gt, dets, _ = make_sequence(seed=4, frames=90, count=12)

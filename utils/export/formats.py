@@ -53,7 +53,7 @@ X2PADDLE = Package("x2paddle", "x2paddle")  # PyTorch -> Paddle converter
 SIX = Package("six", "six")  # x2paddle imports it without declaring it
 # TensorFlow: tf_keras (which onnx2tf builds its network with) declares `tensorflow`, so `tensorflow` is the pip name
 # that installs one TensorFlow; tensorflow-cpu, half its size, with `pip install --no-deps tf_keras` is what
-# requirements-dev.txt and .ci/run install. Either one provides the module.
+# requirements-export.txt and .ci/run install. Either one provides the module.
 TENSORFLOW = Package("tensorflow", "tensorflow")
 TF_KERAS = Package("tf_keras", "tf_keras")
 ONNX2TF = Package("onnx2tf", "onnx2tf")  # ONNX -> TensorFlow converter; 1.28 declares no dependencies: these follow
@@ -291,7 +291,7 @@ def joined(words, conjunction="and"):
 
 def missing_sentence(what, packages):
     """None when every package is installed, else one sentence: `what` needs the missing ones, then the pip line
-    of all `packages` (the whole set for that one format, not the repo's requirements-dev.txt)."""
+    of all `packages` (the whole set for that one format, not the repo's requirements-export.txt)."""
     absent = [package.pip for package in packages if not installed(package.module)]
     if not absent:
         return None
