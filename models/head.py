@@ -8,7 +8,6 @@ import torch
 import torch.nn as nn
 
 from models.blocks import Conv
-from utils.assigner import DualAssignment
 from utils.boxes import dfl_decode, distances_to_boxes, make_anchors, top_detections, top_pairs
 
 STRIDES = (8, 16, 32)
@@ -44,8 +43,6 @@ class Detect(nn.Module):
     # YOLO26 / YOLOv10: the one-to-one head learns on detached features, so that its one-positive-per-object loss
     # does not reshape the network the one-to-many head trains. False (11n-e2e): its gradient reaches the network too.
     detach_one2one = True
-    # how the loss picks the one-to-one branch's positives (utils/assigner.py; 11n-e2e has its own)
-    assignment = DualAssignment()
 
     def __init__(self, nc, channels, reg_max=16, light_cls=False, cls_width=0, end2end=False, box_width=0):
         super().__init__()

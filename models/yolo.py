@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from models.blocks import C2PSA, SPPF, C2f, C3k2, Conv
 from models.head import Detect
-from utils.assigner import E2E_ASSIGNMENT
+from utils.assigner import E2E_ASSIGNMENT, DualAssignment
 
 # model name: (depth multiple, width multiple, max channels), the values users of Ultralytics know.
 # n..x are YOLOv8 (this repo's models since its start), 11n..11x are YOLO11, 26n..26x are YOLO26.
@@ -46,10 +46,15 @@ SCALES = {
 
 # NMS-free YOLO11 (docs/yolo26.md): YOLO11n's network under YOLO26's two heads, each with a DFL box branch of 32
 # channels (half 11n's); the one-to-one loss trains the network too, and picks each object's positive on the one level
-# its size picks, led by the score (utils/assigner.py E2E_ASSIGNMENT). Name: the network it keeps.
+# its size picks, led by the score (assignment_of). Name: the network it keeps.
 E2E = {"11n-e2e": "11n"}
 RENAMED = {"11n-d32-stable": "11n-e2e"}  # checkpoints written under an earlier name
 MODELS = [*SCALES, *E2E]  # every name --model takes
+
+
+def assignment_of(scale):
+    """The rule by which the loss picks the one-to-one branch's positives when the model `scale` trains."""
+    return E2E_ASSIGNMENT if RENAMED.get(scale, scale) in E2E else DualAssignment()
 
 
 @contextlib.contextmanager
@@ -122,7 +127,7 @@ class YOLO(nn.Module):
             reg_max = reg_max or (1 if yolo26 else 16)
             self.head = Detect(nc, (c3, c4, c5), reg_max, True, cls_width, end2end, box_width=32 if e2e else 0)
             if e2e:
-                self.head.detach_one2one, self.head.assignment = False, E2E_ASSIGNMENT
+                self.head.detach_one2one = False
         else:
             n3, n6 = max(round(3 * depth), 1), max(round(6 * depth), 1)
             # backbone

@@ -7,7 +7,7 @@ import torch
 from assign_helpers import anchors_for, assign
 
 from models.weights import model_from_checkpoint
-from models.yolo import YOLO
+from models.yolo import YOLO, assignment_of
 from utils.assigner import assign_targets, level_by_size
 from utils.loss import DetectionLoss, one_to_many_weight
 
@@ -129,8 +129,8 @@ def test_one_to_one_assignment_by_size_puts_each_object_on_one_level():
     sides = torch.tensor([[[0.0, 0, 63.9, 63.9], [0, 0, 64, 64], [0, 0, 32, 128], [0, 0, 127, 127], [0, 0, 900, 900]]])
     chosen = level_by_size(sides, torch.tensor([8.0, 16, 32]))  # one stride per box: each box's row has one True
     assert chosen.sum(-1).tolist() == [[1] * 5] and chosen.float().argmax(-1).tolist() == [[0, 1, 1, 1, 2]]
-    assert DetectionLoss(YOLO("11n-e2e", nc=3).head).assignment.by_level
-    assert not DetectionLoss(YOLO("26n", nc=3).head).assignment.by_level  # Ultralytics' rule
+    assert assignment_of(YOLO("11n-e2e", nc=3).scale).by_level
+    assert not assignment_of(YOLO("26n", nc=3).scale).by_level  # Ultralytics' rule
 
 
 def test_one_to_one_positive_led_by_the_score_stays_on_the_anchor_that_answers():
@@ -150,8 +150,8 @@ def test_one_to_one_positive_led_by_the_score_stays_on_the_anchor_that_answers()
                                      alpha=alpha, beta=beta)  # fmt: skip
         chosen[beta] = fg[0].nonzero().flatten().tolist()
     assert chosen == {6.0: [fits], 2.0: [answers]}
-    assert DetectionLoss(YOLO("11n-e2e", nc=3).head).assignment.one2one_alignment == (1.0, 2.0)
-    assert DetectionLoss(YOLO("26n", nc=3).head).assignment.one2one_alignment == (0.5, 6.0)
+    assert assignment_of(YOLO("11n-e2e", nc=3).scale).one2one_alignment == (1.0, 2.0)
+    assert assignment_of(YOLO("26n", nc=3).scale).one2one_alignment == (0.5, 6.0)
 
 
 def test_each_branch_is_assigned_with_its_own_alignment(monkeypatch):
@@ -165,7 +165,8 @@ def test_each_branch_is_assigned_with_its_own_alignment(monkeypatch):
 
     monkeypatch.setattr(DetectionLoss, "fp32_loss", spy)
     model = YOLO("11n-e2e", nc=3).train()
-    DetectionLoss(model.head)(model(torch.rand(1, 3, 64, 64)), torch.tensor([[0, 0, 8, 8, 40, 36]]))
+    loss_fn = DetectionLoss(model.head, assignment=assignment_of(model.scale))  # as train.py builds it
+    loss_fn(model(torch.rand(1, 3, 64, 64)), torch.tensor([[0, 0, 8, 8, 40, 36]]))
     assert used == {"one2one": (1.0, 2.0), "one2many": (0.5, 6.0)}
 
 

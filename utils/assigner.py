@@ -28,7 +28,7 @@ LEVEL_STRIDES = 8
 
 
 class DualAssignment(NamedTuple):
-    """How utils/loss.py picks the one-to-one (NMS-free) branch's positives (models/head.py Detect.assignment). The
+    """How utils/loss.py picks the one-to-one (NMS-free) branch's positives (DetectionLoss's `assignment`). The
     defaults are Ultralytics' YOLO26's; E2E_ASSIGNMENT is 11n-e2e's (docs/yolo26.md says what else was tried)."""
 
     # True: an object's one-to-one positive lies on the one level its size picks (level_by_size), so that an object

@@ -134,6 +134,7 @@ class DetectionLoss:
         epochs=1,
         o2m_final=0.1,
         distill_gain=None,
+        assignment=DualAssignment(),
     ):
         self.nc, self.strides = head.nc, head.strides
         self.reg_max = head.reg_max  # the box bins per side, of both heads where there are two
@@ -157,7 +158,7 @@ class DetectionLoss:
         self.topk, self.tiny_box = topk, tiny_box
         # ProgLoss's position and end (end-to-end heads only; train.py sets the epoch)
         self.epoch, self.epochs, self.o2m_final = 0, epochs, o2m_final
-        self.assignment = getattr(head, "assignment", DualAssignment())  # models/head.py's Detect (YOLO26)
+        self.assignment = assignment  # the one-to-one branch's rule (models/yolo.py assignment_of)
         self.assignments_on_cpu = 0
 
     @property
