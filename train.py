@@ -324,7 +324,7 @@ def forward_loss(images, targets, size, last_micro_step):
         with sync, torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
             maps = model(images)
         with torch.no_grad():  # --teacher: frozen and in eval, on the same augmented batch, in its own (AMP) dtype
-            teacher_maps = teacher(images.to(teacher_dtype))[1] if teacher else None
+            teacher_maps = teacher(images.to(teacher_dtype), mode="maps") if teacher else None
         return loss_fn(maps, targets, teacher_maps)
     except torch.OutOfMemoryError:
         return None  # returned from here, the failed step's graph is released with this frame

@@ -34,9 +34,8 @@ class Detect(nn.Module):
     reg_max=1 (YOLO26): no DFL, the box branch predicts the 4 distances directly.
     end2end (YOLO26, 11n-e2e): a second copy of both branches, the one-to-one head, trained with one positive anchor
     per object on features detached from the network (so its loss does not reshape them; see detach_one2one); in eval
-    it alone answers, and its top max_det (anchor, class) scores are the final detections: no NMS. Setting
-    `end2end = False` on such a head makes eval answer with the one-to-many branch instead, per anchor, for NMS
-    (val.py / detect.py --nms).
+    it alone answers, and its top max_det (anchor, class) scores are the final detections: no NMS. forward's mode
+    "per_anchor" makes eval answer with the one-to-many branch instead, for NMS (val.py / detect.py --nms).
     """
 
     max_det = 300  # end2end: detections per image
@@ -46,8 +45,7 @@ class Detect(nn.Module):
 
     def __init__(self, nc, channels, reg_max=16, light_cls=False, cls_width=0, end2end=False, box_width=0):
         super().__init__()
-        # one_to_one: the architecture (the loss trains both branches); end2end: which one answers in eval
-        self.nc, self.reg_max, self.one_to_one, self.end2end = nc, reg_max, end2end, end2end
+        self.nc, self.reg_max, self.one_to_one = nc, reg_max, end2end  # one_to_one: the NMS-free branch is built
         self.strides = STRIDES
         box_hidden = box_width or max(16, channels[0] // 4, reg_max * 4)
         cls_hidden = cls_width or max(channels[0], min(nc, 100))
@@ -67,22 +65,41 @@ class Detect(nn.Module):
                 nn.init.constant_(box[-1].bias, 1.0 if box[-1].out_channels > 4 else 2.0)
                 nn.init.constant_(cls[-1].bias, math.log(5 / self.nc / (imgsz / s) ** 2))
 
-    return_maps = False  # eval mode: also return the raw maps (the per-epoch validation loss, no second forward)
+    def forward(self, feats, mode=None):
+        """mode: "maps", the raw maps of each level (a dict of both branches' with a one-to-one head), what the loss
+        takes; "end2end", the one-to-one head's final detections (batch, max_det, 6), no NMS; "per_anchor", the
+        one-to-many branch decoded (batch, anchors, 4 + nc), for NMS; None: "maps" in training, else end2end with a
+        one-to-one head and per_anchor without. Each mode runs only the branches it returns."""
+        mode = mode or ("maps" if self.training else self.eval_mode)
+        if mode == "maps":
+            return self.maps(feats)
+        if mode == "end2end":
+            if not self.one_to_one:
+                raise ValueError("this model has no one-to-one head (only YOLO26 has): it always needs NMS")
+            return self.answer(self.branch(feats, self.one2one_box, self.one2one_cls))
+        if mode == "per_anchor":
+            return self.decode(self.branch(feats, self.box, self.cls))
+        raise ValueError(f"mode must be one of maps, end2end, per_anchor or None, got {mode!r}")
 
-    def forward(self, feats):
-        both = self.training or self.return_maps  # else eval runs only the branch that answers
-        maps = self.branch(feats, self.box, self.cls) if both or not self.end2end else None
-        if self.one_to_one:
-            o2o_feats = [x.detach() for x in feats] if self.training and self.detach_one2one else feats
-            one2one = self.branch(o2o_feats, self.one2one_box, self.one2one_cls) if both or self.end2end else None
-            maps = {"one2many": maps, "one2one": one2one}
-        if self.training:
+    @property
+    def eval_mode(self):
+        """The mode eval answers in when none is given: end2end where there is a one-to-one head."""
+        return "end2end" if self.one_to_one else "per_anchor"
+
+    def maps(self, feats):
+        """The raw maps of every branch; the one-to-one branch learns on detached features (see detach_one2one)."""
+        maps = self.branch(feats, self.box, self.cls)
+        if not self.one_to_one:
             return maps
-        if self.end2end:
-            out = self.answer(maps["one2one"])
-        else:
-            out = self.decode(maps["one2many"] if self.one_to_one else maps)
-        return (out, maps) if self.return_maps else out
+        o2o_feats = [x.detach() for x in feats] if self.training and self.detach_one2one else feats
+        return {"one2many": maps, "one2one": self.branch(o2o_feats, self.one2one_box, self.one2one_cls)}
+
+    def from_maps(self, maps, mode):
+        """The answer of `mode` ("end2end" or "per_anchor", see forward) from the raw maps of mode "maps", so that
+        one forward gives both (the per-epoch validation loss and its detections)."""
+        if mode == "end2end":
+            return self.answer(maps["one2one"])
+        return self.decode(maps["one2many"] if self.one_to_one else maps)
 
     @staticmethod
     def branch(feats, boxes, classes):

@@ -50,9 +50,8 @@ def load(weights, device="cpu", half=False, nms=False):
     loaded = load_weights(weights, device)
     if loaded.checkpoint is not None:  # a .pt: its network, built
         network, train_args = loaded.model, loaded.train_args
-        if nms:
-            network.end2end = False
-        model = from_pytorch(network, device, half, train_args.get("data"), train_args.get("single_cls", False))
+        mode = "per_anchor" if nms else None  # YOLO26: its one-to-many head, for NMS
+        model = from_pytorch(network, device, half, train_args.get("data"), train_args.get("single_cls", False), mode)
     else:
         model = loaded.model
         if nms and model["end2end"]:

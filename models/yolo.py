@@ -149,16 +149,10 @@ class YOLO(nn.Module):
 
     @property
     def end2end(self):
-        """YOLO26: eval returns the final detections (batch, max_det, 6) of the one-to-one head; nothing downstream
-        runs NMS on them (val.py, detect.py, export.py ask this attribute, exported files their metadata)."""
-        return self.head.end2end
-
-    @end2end.setter
-    def end2end(self, value):
-        # False: the one-to-many branch answers, per anchor, and NMS follows (Ultralytics' nms=None on YOLO26)
-        if value and not self.head.one_to_one:
-            raise ValueError("this model has no one-to-one head (only YOLO26 has): it always needs NMS")
-        self.head.end2end = bool(value)
+        """YOLO26: eval returns, unless a mode says otherwise, the final detections (batch, max_det, 6) of the
+        one-to-one head; nothing downstream runs NMS on them (val.py, detect.py, export.py ask this attribute,
+        exported files their metadata). mode "per_anchor" (Detect.forward) answers for NMS instead."""
+        return self.head.one_to_one
 
     def _run(self, block, x):
         if self.checkpoint_activations and self.training and torch.is_grad_enabled():
@@ -168,7 +162,8 @@ class YOLO(nn.Module):
             return checkpoint(block, x, use_reentrant=False, context_fn=contexts)
         return block(x)
 
-    def forward(self, x):
+    def forward(self, x, mode=None):
+        """mode: what the head answers (Detect.forward: maps, end2end, per_anchor; None: training's or eval's own)."""
         run = self._run
         x = self.stem(x)
         x = run(self.stage2, self.down2(x))
@@ -179,7 +174,7 @@ class YOLO(nn.Module):
         t3 = run(self.top3, torch.cat((self.up(t4), p3), 1))
         b4 = run(self.bottom4, torch.cat((self.down_p3(t3), t4), 1))
         b5 = run(self.bottom5, torch.cat((self.down_p4(b4), p5), 1))
-        return self.head([t3, b4, b5])
+        return self.head([t3, b4, b5], mode)
 
     @torch.no_grad()
     def fuse(self):

@@ -31,28 +31,20 @@ def predict_dataset(model, loader, device, conf=0.001, iou=0.7, max_det=300, hal
     format, a .pt wrapped by from_pytorch included)."""
     results, seconds, images = {}, np.zeros(3), 0
     loss_sum, batches = torch.zeros(len(loss_fn.names) if loss_fn is not None else 0, device=device), 0
-    if loss_fn is not None:
-        model.head.return_maps = True
-    try:
-        for batch, targets, metas in loader:
-            predictions, maps = model_outputs(model, batch, device, half, seconds)
-            if loss_fn is not None:  # summed on the device, read once at the end
-                loss_sum += loss_fn(maps, targets)[1]
-                batches += 1
-            nms = functools.partial(
-                postprocess, predictions.float(), model, conf, iou, max_det=max_det, multi_label=True
-            )
-            detections = timed(device, seconds, 2, nms)
-            images += len(batch)
-            for det, meta in zip(detections, metas):
-                det[:, :4] = scale_boxes_to_original(det[:, :4], meta["ratio"], meta["pad"], meta["shape"])
-            # one copy to the host per batch, not per image: each one waits for the GPU
-            on_host = torch.cat(detections).cpu().numpy() if detections else np.zeros((0, 6), np.float32)
-            for meta, det in zip(metas, np.split(on_host, np.cumsum([len(d) for d in detections])[:-1])):
-                results[meta["index"]] = det
-    finally:
-        if loss_fn is not None:
-            model.head.return_maps = False
+    for batch, targets, metas in loader:
+        predictions, maps = model_outputs(model, batch, device, half, seconds, with_maps=loss_fn is not None)
+        if loss_fn is not None:  # summed on the device, read once at the end
+            loss_sum += loss_fn(maps, targets)[1]
+            batches += 1
+        nms = functools.partial(postprocess, predictions.float(), model, conf, iou, max_det=max_det, multi_label=True)
+        detections = timed(device, seconds, 2, nms)
+        images += len(batch)
+        for det, meta in zip(detections, metas):
+            det[:, :4] = scale_boxes_to_original(det[:, :4], meta["ratio"], meta["pad"], meta["shape"])
+        # one copy to the host per batch, not per image: each one waits for the GPU
+        on_host = torch.cat(detections).cpu().numpy() if detections else np.zeros((0, 6), np.float32)
+        for meta, det in zip(metas, np.split(on_host, np.cumsum([len(d) for d in detections])[:-1])):
+            results[meta["index"]] = det
     speed = dict(zip(("preprocess", "inference", "nms"), (seconds / max(images, 1) * 1000).round(3).tolist()))
     return results, speed, (loss_sum / max(batches, 1)).tolist() if loss_fn is not None else None
 
@@ -67,9 +59,10 @@ def timed(device, seconds, stage, work):
     return out
 
 
-def model_outputs(model, batch, device, half, seconds):
+def model_outputs(model, batch, device, half, seconds, with_maps=False):
     """(predictions, raw maps or None) of a uint8 batch; the preprocessing and inference times into seconds.
-    model: an nn.Module or a model dict of utils/inference.py (see predict_dataset)."""
+    model: an nn.Module or a model dict of utils/inference.py (see predict_dataset). with_maps: an nn.Module's raw
+    maps too, from the same forward (the validation loss)."""
     if isinstance(model, dict):  # it converts to its own precision and device
         x = timed(device, seconds, 0, lambda: batch.to(model["device"]).float().div_(255))  # pitfall D3
         return timed(device, seconds, 1, lambda: model["run"](x)), None
@@ -77,8 +70,10 @@ def model_outputs(model, batch, device, half, seconds):
     dtype = next(model.parameters()).dtype  # fp16 after .half(); fp32 weights (the EMA in training) run in autocast
     x = timed(device, seconds, 0, lambda: batch.to(device, non_blocking=True).to(dtype).div_(255))  # pitfall D3
     with torch.autocast(device.type, dtype=torch.float16, enabled=half and device.type == "cuda"):
-        out = timed(device, seconds, 1, lambda: model(x))
-    return out if isinstance(out, tuple) else (out, None)
+        if not with_maps:
+            return timed(device, seconds, 1, lambda: model(x)), None
+        maps = timed(device, seconds, 1, lambda: model(x, mode="maps"))
+        return timed(device, seconds, 1, lambda: model.head.from_maps(maps, model.head.eval_mode)), maps
 
 
 def coco_map(gt, detections, category_ids, max_det=300):

@@ -53,15 +53,17 @@ def postprocess(output, model, conf=0.25, iou=0.7, classes=None, max_det=300, mu
     return non_max_suppression(output, conf, iou, classes, max_det, multi_label, end2end=has_final_boxes(model))
 
 
-def from_pytorch(model, device, half=False, data=None, single_cls=False):
+def from_pytorch(model, device, half=False, data=None, single_cls=False, mode=None):
     """Wrap a (fused, eval) PyTorch model from models.yolo.model_from_checkpoint. data, single_cls: from the
-    checkpoint's training arguments."""
+    checkpoint's training arguments. mode: what its head answers (models/head.py Detect.forward; "per_anchor": a
+    YOLO26 network's one-to-many head, for NMS); None: its eval answer."""
     model = model.to(device)
     model = model.half() if half else model.float()
+    mode = mode or model.head.eval_mode
 
     @torch.no_grad()
     def run(x):
-        return model(x.to(device, torch.float16 if half else torch.float32)).float()
+        return model(x.to(device, torch.float16 if half else torch.float32), mode=mode).float()
 
     h, w = (model.imgsz, model.imgsz) if isinstance(model.imgsz, int) else model.imgsz
     return {
@@ -73,7 +75,7 @@ def from_pytorch(model, device, half=False, data=None, single_cls=False):
         "dynamic": True,
         "half": half,
         "int8": False,
-        "end2end": has_final_boxes(model),
+        "end2end": mode == "end2end",
         "nms": None,
         "data": data,
         "single_cls": bool(single_cls),

@@ -77,7 +77,7 @@ class ExportFormat:
     title: str  # what the format is called
     runtime: str  # what runs it: the model dict's "backend", the gate's sentence and the benchmark table's rows
     suffix: str  # of the file, or of the file inside the folder (folder=True)
-    write: Callable  # write(module, x, path, args, metadata, calibration), see utils/export/writers.py
+    write: Callable  # write(module, x, path, options, metadata, calibration), see utils/export/writers.py
     load: Callable  # load(path, device) -> the model dict of utils/inference.py without "backend"
     options: tuple = OPTIONS  # which of OPTIONS it takes
     benchmark: tuple = ("fp32",)  # the precisions --benchmark writes

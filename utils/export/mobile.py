@@ -66,7 +66,7 @@ def run_converter(command, what, path, **options):
         )
 
 
-def write_ncnn(module, x, path, args, metadata, calibration):
+def write_ncnn(module, x, path, options, metadata, calibration):
     """NCNN's .param and .bin (fp16 weights with --half) by pnnx from the traced network, and metadata.json."""
     import pnnx
 
@@ -125,11 +125,11 @@ def load_ncnn(path, device):
 MNN_CONVERT = "import sys, _tools; _tools.mnnconvert(sys.argv)"
 
 
-def write_mnn(module, x, path, args, metadata, calibration):
+def write_mnn(module, x, path, options, metadata, calibration):
     """MNN from the fp32 ONNX graph by MNN's converter (fp16 weights with --half), the metadata as its bizCode."""
     with tempfile.TemporaryDirectory() as scratch:
         float_onnx = Path(scratch) / "fp32.onnx"
-        export_onnx(module, x, float_onnx, args, metadata)
+        export_onnx(module, x, float_onnx, options, metadata)
         strings = json.dumps(export_metadata(**metadata))
         command = [sys.executable, "-c", MNN_CONVERT, "-f", "ONNX", "--modelFile", str(float_onnx), "--MNNModel"]
         run_converter(command + [str(path), "--bizCode", strings] + ["--fp16"] * metadata["half"], "MNNConvert", path)
@@ -157,7 +157,7 @@ def load_mnn(path, device):
     return {**meta, "run": any_batch(run_batch, meta["batch"]), "device": torch.device("cpu")}
 
 
-def write_executorch(module, x, path, args, metadata, calibration):
+def write_executorch(module, x, path, options, metadata, calibration):
     """An ExecuTorch program (.pte): torch.export, lowered to the XNNPACK delegate (the CPU backend phones use), with
     the metadata as the program's constant method `metadata`."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -200,7 +200,7 @@ def load_executorch(path, device):
     return {**meta, "run": any_batch(run_batch, meta["batch"]), "device": torch.device("cpu")}
 
 
-def write_coreml(module, x, path, args, metadata, calibration):
+def write_coreml(module, x, path, options, metadata, calibration):
     """A Core ML ML program (.mlpackage) from torch.export: its input an RGB image, as Apple's Vision framework
     feeds a model (a CVPixelBuffer, scaled by 1/255 inside), its output the raw predictions as the other formats
     give them; fp16 compute with --half. Its spec is read back and checked (check_coreml_spec)."""
