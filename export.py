@@ -311,10 +311,10 @@ def check(path, model, module, x, options, runs, tolerance, torch_ms, parity="ra
     file's median latency in ms). parity: "raw" (raw outputs and detections within tolerance), "detections" (the
     detections only: OpenVINO fp16, whose fp16 weights move raw box coordinates by a pixel at 640 while the
     detections agree), None (INT8: the differences are printed, the mAP judges)."""
-    exported = load_exported(path, x.device)
+    exported = load_exported(path, x.device)  # its Predictor
     raw = module(x)
     raw = (raw[0] if options.nms else raw).float()
-    theirs = exported["run"](x).to(raw.device)
+    theirs = exported.run(x).to(raw.device)
     settings = dict(conf=options.conf, iou=options.iou, max_det=options.max_det)
     reference = non_max_suppression(model(x, mode=options.mode).float(), **settings, end2end=options.end2end)
     detections = postprocess(theirs, exported, **settings)
@@ -336,7 +336,7 @@ def check(path, model, module, x, options, runs, tolerance, torch_ms, parity="ra
     detections_judge = options.nms or options.end2end or parity == "detections"
     detections_ok = unmatched == 0 and score_difference <= tolerance
     ok = parity is None or ((raw_ok or parity == "detections") and (detections_ok or not detections_judge))
-    their_ms = median_latency(exported["run"], x, runs)
+    their_ms = median_latency(exported.run, x, runs)
     print(
         f"{label(path):>24}: raw output max |diff| {raw_difference}; "
         f"detections {sum(map(len, detections))} vs PyTorch's {sum(map(len, reference))}, {unmatched} unmatched, "

@@ -30,8 +30,8 @@ from utils.inference import load_exported
 class Weights(NamedTuple):
     """What a weights file turned out to be (kind), and what load_weights built from it.
     checkpoint: a .pt's contents (utils/checkpoints/ours.py: scale, nc, names, imgsz, model, args, ...); None for an
-    exported file. model: a .pt's network (models.yolo.YOLO in eval, Conv+BN fused), or the dict of
-    utils.inference.load_exported for an exported file; None when load_weights was asked not to build."""
+    exported file. model: a .pt's network (models.yolo.YOLO in eval, Conv+BN fused), or the Predictor
+    of utils.inference.load_exported for an exported file; None when load_weights was asked not to build."""
 
     kind: str
     checkpoint: dict | None

@@ -14,7 +14,7 @@ from pycocotools.cocoeval import COCOeval
 
 from utils.boxes import scale_boxes_to_original
 from utils.coco import detections_to_coco, ground_truth
-from utils.inference import postprocess
+from utils.inference import Predictor, postprocess
 
 
 def synchronize(device):
@@ -27,7 +27,7 @@ def predict_dataset(model, loader, device, conf=0.001, iou=0.7, max_det=300, hal
     """Detections of every validation image in original pixels: dict dataset index -> (n, 6) array
     of x1 y1 x2 y2 score class. Also the time per image of each stage, in ms, and with `loss_fn` (train.py's
     DetectionLoss) the mean validation loss parts (loss_fn.names) from the same forward's raw maps, else None.
-    model: a PyTorch nn.Module (training), or a model dict of utils/inference.py (val.py, export.py's gate: any
+    model: a PyTorch nn.Module (training), or a Predictor of utils/inference.py (val.py, export.py's gate: any
     format, a .pt wrapped by from_pytorch included)."""
     results, seconds, images = {}, np.zeros(3), 0
     loss_sum, batches = torch.zeros(len(loss_fn.names) if loss_fn is not None else 0, device=device), 0
@@ -61,11 +61,11 @@ def timed(device, seconds, stage, work):
 
 def model_outputs(model, batch, device, half, seconds, with_maps=False):
     """(predictions, raw maps or None) of a uint8 batch; the preprocessing and inference times into seconds.
-    model: an nn.Module or a model dict of utils/inference.py (see predict_dataset). with_maps: an nn.Module's raw
+    model: an nn.Module or a Predictor of utils/inference.py (see predict_dataset). with_maps: an nn.Module's raw
     maps too, from the same forward (the validation loss)."""
-    if isinstance(model, dict):  # it converts to its own precision and device
-        x = timed(device, seconds, 0, lambda: batch.to(model["device"]).float().div_(255))  # pitfall D3
-        return timed(device, seconds, 1, lambda: model["run"](x)), None
+    if isinstance(model, Predictor):  # it converts to its own precision and device
+        x = timed(device, seconds, 0, lambda: batch.to(model.device).float().div_(255))  # pitfall D3
+        return timed(device, seconds, 1, lambda: model.run(x)), None
     model.eval()  # pitfall M1: BN and dropout must be in inference mode
     dtype = next(model.parameters()).dtype  # fp16 after .half(); fp32 weights (the EMA in training) run in autocast
     x = timed(device, seconds, 0, lambda: batch.to(device, non_blocking=True).to(dtype).div_(255))  # pitfall D3

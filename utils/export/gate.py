@@ -40,27 +40,27 @@ class Scores:
             self.records, self.names = self.records.single_class(), ["object"]
         self.args, self.device, self.mode, self.reference = args, device, mode, {}
 
-    def __call__(self, model, imgsz):
-        fixed = None if model["dynamic"] else tuple(imgsz)
-        dataset = ValDataset(self.records, max(imgsz), self.args.batch_val, stride=model["stride"], shape=fixed)
+    def __call__(self, predictor, imgsz):
+        fixed = None if predictor.dynamic else tuple(imgsz)
+        dataset = ValDataset(self.records, max(imgsz), self.args.batch_val, stride=predictor.stride, shape=fixed)
         loader = make_loader(dataset, batch_size=self.args.batch_val, workers=self.args.workers)
-        metrics = evaluate(model, loader, self.names, self.device, self.coco_json, conf=0.001, iou=0.7)["metrics"]
+        metrics = evaluate(predictor, loader, self.names, self.device, self.coco_json, conf=0.001, iou=0.7)["metrics"]
         return metrics["mAP50-95"], metrics["mAP50"]
 
     def checkpoint(self, network, dynamic, imgsz):
         """The checkpoint's (mAP50-95, mAP50) as the exported file is scored (computed once per kind of input)."""
         if dynamic not in self.reference:
-            model = {**from_pytorch(network, self.device, mode=self.mode), "dynamic": dynamic}
-            self.reference[dynamic] = self(model, imgsz)
+            predictor = from_pytorch(network, self.device, mode=self.mode).replace(dynamic=dynamic)
+            self.reference[dynamic] = self(predictor, imgsz)
         return self.reference[dynamic]
 
 
 def gate(path, row, precision, scores, network, args, imgsz):
     """Score the exported file and the checkpoint; print both. Returns (mAP50-95, mAP50, None or the sentence of
     a failure)."""
-    model = load_exported(path, scores.device)
-    ours, ours50 = scores(model, imgsz)
-    reference, _ = scores.checkpoint(network, model["dynamic"], imgsz)
+    predictor = load_exported(path, scores.device)
+    ours, ours50 = scores(predictor, imgsz)
+    reference, _ = scores.checkpoint(network, predictor.dynamic, imgsz)
     limit = MAX_MAP_DROP[precision] if args.max_map_drop is None else args.max_map_drop
     n = len(scores.records)
     print(
