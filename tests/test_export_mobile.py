@@ -47,14 +47,14 @@ def exported(tmp_path_factory):
 def test_phone_formats_give_pytorchs_outputs_and_carry_their_metadata(exported, name):
     weights = exported["n"]
     model = load_exported(weights.parent / FILES[name])
-    assert model["backend"] == export_formats.by_name(name).runtime
-    assert model["names"] == NAMES and model["imgsz"] == (64, 64) and model["stride"] == 32 and not model["end2end"]
+    assert model.backend == export_formats.by_name(name).runtime
+    assert model.names == NAMES and model.imgsz == (64, 64) and model.stride == 32 and not model.end2end
     x = batch_of([3, 4], 64, 64)  # two images through a file exported for one
     with torch.no_grad():
         ours = pytorch_model(weights)(x)
-    theirs = model["run"](x)
+    theirs = model.run(x)
     assert theirs.shape == ours.shape == (2, 84, 7) and torch.allclose(theirs, ours, rtol=1e-3, atol=1e-3)
-    assert load(weights.parent / FILES[name])["backend"] == model["backend"]  # predict() and val.py's entry
+    assert load(weights.parent / FILES[name]).backend == model.backend  # predict() and val.py's entry
     if name == "ncnn":  # DFL's expectation as a weighted sum: NCNN's MatMul ran the model ~25% slower
         assert "MatMul" not in (weights.parent / FILES[name] / "best.param").read_text()
 
