@@ -8,7 +8,7 @@
     python detect.py --weights best.pt --source video.mp4     # writes an annotated video
     python detect.py --weights best.pt --source video.mp4 --track   # ids kept from frame to frame (utils/track.py)
     python detect.py --weights best.pt --source 0              # webcam 0; Ctrl+C stops and saves
-    python detect.py --weights best.pt --source rtsp://user:pass@192.168.1.10:554/stream1  # also http(s)://
+    python detect.py --weights best.pt --source rtsp://user:pass@camera:554/stream1  # also http(s)://
     python detect.py --weights best.pt --source cameras.streams --vid-stride 2  # one source a line, all at once
 
 A stream URL and each source of a .streams file are read in a thread of their own that keeps only the

@@ -5,7 +5,7 @@ checkpoint's.
     python export.py --onnx                              # newest runs/train/*/weights/best.pt -> best.onnx
     python export.py --weights best.pt --onnx --torchscript --imgsz 640
     python export.py --onnx --dynamic                    # any batch, height and width
-    python export.py --onnx --nms --conf 0.25 --iou 0.7  # NMS inside the graph
+    python export.py --onnx --nms                        # NMS inside the graph (--conf, --iou, --max-det fixed in it)
     python export.py --onnx --half                       # fp16 weights and input (CPU or --device 0)
     python export.py --openvino                          # best_openvino_model/ (--half: fp16 weights)
     python export.py --openvino --int8                   # best_int8_openvino_model/, calibrated on --data's images
@@ -32,7 +32,7 @@ Outputs of the exported model (input "images": (batch, 3, h, w), RGB, float, 0..
   without --nms  "output": (batch, anchors, 4 + nc) = x1 y1 x2 y2 in input pixels, then the
                  probability of each class (the same tensor the PyTorch model returns in eval mode).
                  float32 also with --half: only the weights, the input and the network run in fp16,
-                 the boxes are decoded in fp32 (fp16 pixel coordinates would be up to 0.5 px off).
+                 the boxes are decoded in fp32 (fp16 pixel coordinates would move them).
   YOLO26         "output": (batch, 300, 6) = x1 y1 x2 y2 score class, best first: its one-to-one head's final
   (end-to-end)   detections, no NMS in or after the graph; metadata end2end: true. With --nms, its one-to-many
                  head and NMS are exported instead, as for the other models (more accurate after short training).
@@ -55,9 +55,9 @@ printed. The exit code is non-zero if they disagree: raw outputs beyond a relati
 have no counterpart of the same class (IoU > 0.5) or whose scores differ by more than that tolerance.
 
 Then the accuracy gate: the exported file and the checkpoint are both evaluated (pycocotools mAP50-95, val.py's
-settings) on the validation split of --data, or its first --val-images; a drop larger than --max-map-drop (default
-0.002 for fp32 and fp16, 0.01 for INT8) exits non-zero with one sentence naming the file, both figures and what to
-try, and the file that failed is renamed <name>.rejected, so that nothing ships it by its name. A checkpoint with
+settings) on the validation split of --data, or its first --val-images; a drop larger than --max-map-drop (default:
+utils/export/gate.py MAX_MAP_DROP, by precision) exits non-zero with one sentence naming the file, both figures and
+what to try, and the file that failed is renamed <name>.rejected, so that nothing ships it by its name. A checkpoint with
 no dataset of ours (an Ultralytics file without --data) skips the gate, saying so.
 """
 
@@ -264,7 +264,7 @@ def check_image(ckpt_args, source):
 def calibration_inputs(data, imgsz, n, batch):
     """A callable giving the calibration inputs of --int8: n images spread over the training split of the dataset
     (not its first n, which may all show the same scene), letterboxed exactly as at inference, as float32 arrays
-    (batch, 3, h, w). Read lazily: 300 images at 640 px are 1.5 GB as float32."""
+    (batch, 3, h, w). Read lazily, since hundreds of float32 images do not fit in memory at once."""
     paths = list_images(data["train"])
     if not paths:
         sys.exit(f"error: --int8 needs training images to calibrate on, and {data['yaml']} lists none")

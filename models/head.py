@@ -111,8 +111,8 @@ class Detect(nn.Module):
 
     def fix_anchors(self, h, w):
         """Hold the anchor grid of an h x w input as constants, for an exporter that traces at that one size
-        (utils/export/writers.py, LiteRT): computed in the graph, the grid cost the n model's LiteRT file 1-3% at
-        320 px (bench/RESULTS.md). make_anchors reads only the maps' sizes, so empty maps of those sizes give it."""
+        (utils/export/writers.py, LiteRT), since a grid computed in the graph slows that file
+        (bench/RESULTS.md#deploy-export-formats-int8-the-accuracy-gate). make_anchors reads only the maps' sizes."""
         sizes = [torch.empty(0, 0, h // s, w // s, device=self.bins.device) for s in self.strides]
         self.fixed_anchors = make_anchors(sizes, self.strides)
 
@@ -131,17 +131,16 @@ class Detect(nn.Module):
     def decode(self, maps):
         """Raw maps -> (batch, anchors, 4 + nc): xyxy boxes in input pixels and class probabilities.
         Always float32, also for a half model (val.py --half, export.py --half) or inside autocast (the
-        per-epoch metric): fp16 holds pixel coordinates above 512 only to 0.5 px (above 1024 to 1 px), and
-        its DFL expectation is up to ~0.01 cell off (0.27 px at stride 32), so fp16 boxes were up to 0.5 px
-        off at 640 and 0.7 px at 1280, enough to move a match across the high IoU thresholds of mAP50-95."""
+        per-epoch metric): fp16's coarse pixel coordinates and DFL expectation move boxes enough to cross the high
+        IoU thresholds of mAP50-95."""
         with torch.autocast(maps[0].device.type, enabled=False):  # autocast would run the DFL matmul in fp16
             anchors, strides, distri, logits = self.split(maps)
             return torch.cat((self.boxes(distri, anchors, strides), logits.sigmoid()), 2)
 
     def answer(self, maps):
         """The one-to-one head's raw maps -> its final detections (see top_detections), decoding only the boxes of
-        the detections kept: top_detections(decode(maps)), without DFL's softmax over every anchor (8,400 at 640 px),
-        which cost an NMS-free graph with a DFL box branch more time than its convs did."""
+        the detections kept: top_detections(decode(maps)), without DFL's softmax over every anchor, which would cost
+        an NMS-free graph with a DFL box branch more time than its convs."""
         with torch.autocast(maps[0].device.type, enabled=False):
             anchors, strides, distri, logits = self.split(maps)
             anchor, score, cls = top_pairs(logits.sigmoid(), self.max_det)

@@ -56,10 +56,7 @@ def test_exported_file_matches_pytorch(exported, suffix):
     path = exported.with_suffix(suffix)
     model, other = pytorch_model(exported), load_exported(path)
     assert (
-        other.names == ["ring", "box", "blob"]
-        and other.imgsz == (64, 64)
-        and other.stride == 32
-        and other.nms is None
+        other.names == ["ring", "box", "blob"] and other.imgsz == (64, 64) and other.stride == 32 and other.nms is None
     )
     x = batch_of([2], 64, 64)  # an image the check in export.py did not see
     with torch.no_grad():

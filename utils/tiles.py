@@ -38,8 +38,8 @@ from utils.inference import postprocess
 DEFAULT_OVERLAP = 0.2  # SAHI's default: 20 % of a tile shared with each neighbour
 MATCH = 0.5  # the IoU (whole boxes) or covered fraction (cut boxes) at which two boxes are one object
 EDGE = 2.0  # model-input px: a box this close to a tile side inside the image is cut (boxes are clipped to the tile)
-# Input pixels per forward when the model takes any batch size: 32 tiles at 320 px, 8 at 640. Tiles of 320 px on the
-# 2-core CPU took 10.7 s for 97 in batches of 8 and 7.8 s in batches of 32 (small maps pay a per-call overhead).
+# Input pixels per forward when the model takes any batch size: 32 tiles at 320 px, 8 at 640, since small maps pay a
+# per-call overhead (bench/RESULTS.md#sliced-inference---tile-on-large-images)
 BATCH_PIXELS = 32 * 320 * 320
 
 

@@ -90,9 +90,9 @@ def onnx_session(path, providers=("CPUExecutionProvider",)):
     """An ONNX Runtime session that treats subnormal floats as zero: ORT's option for its pool's threads, and its
     `run` inside subnormals_flushed() for the calling thread, which computes a share of each op.
 
-    Why: values below 1.2e-38 take an x86 CPU many times longer per operation, and some trained networks produce
-    them in their activations: two YOLO26 checkpoints ran 35% slower than another of the same architecture (41 against
-    31 ms at 640 px), and flushed they ran as fast, with the same detections bitwise (bench/RESULTS.md)."""
+    Why: values below float32's smallest normal take an x86 CPU many times longer per operation, and some trained
+    networks produce them in their activations, which slows them; flushed they run as fast as the others, with the
+    same detections bitwise (bench/RESULTS.md#inference-latency)."""
     import onnxruntime  # imported here: only .onnx weights need it
 
     options = onnxruntime.SessionOptions()

@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]  # the child imports utils.export.ten
 CONVERT = "import sys; sys.path.insert(0, sys.argv[1]); from utils.export.tensorflow_convert import convert; " + (
     "convert(*sys.argv[2:])"
 )
-# TensorFlow's notes at every import: its C++ log, and oneDNN's line, which TensorFlow 2.21 prints whatever the log
-# level. oneDNN's CPU kernels are off: measured, the same latency (YOLOv8n at 320 px: 38.1 ms on, 38.6 off) and the
-# reference kernels' results. Set where TensorFlow is not imported yet (the child's environment, tensorflow()).
+# TensorFlow's notes at every import: its C++ log, and oneDNN's line, which TensorFlow prints whatever the log level.
+# oneDNN's CPU kernels are off: the same latency as measured, and the reference kernels' results. Set where
+# TensorFlow is not imported yet (the child's environment, tensorflow()).
 QUIET = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
 
 

@@ -74,7 +74,7 @@ def keras_model(onnx_path, test_images):
 
 def save(model, folder):
     """The SavedModel, its one signature taking NCHW "images". tf_keras's ExportArchive traces that signature
-    only: tf.saved_model.save of the Keras model traces every layer's call too (18 s against 1.5 s for YOLOv8n)."""
+    only: tf.saved_model.save of the Keras model traces every layer's call too, many times slower."""
     import tensorflow as tf
     import tf_keras
 

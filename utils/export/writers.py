@@ -216,7 +216,7 @@ def write_tflite(module, x, path, options, metadata, calibration):
     appended to it, where the interpreter, which reads the flatbuffer from its start, does not look."""
     module, x = float_copy(module), x.float().cpu().contiguous()
     # The anchor grid as constants: litert-torch keeps the ops that build it (arange, broadcast, concat), which other
-    # converters fold; the file ran 1-3% slower than Ultralytics' (which sets its grid before export) until then
+    # converters fold, and they slow the file (Ultralytics sets its grid before export too)
     module.head.fix_anchors(*x.shape[-2:])
     # In a process of its own: the conversion starts JAX's thread pools, and the data loader workers of the gate
     # would then be forked from a multithreaded process (JAX warns of deadlocks).
