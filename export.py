@@ -57,8 +57,8 @@ have no counterpart of the same class (IoU > 0.5) or whose scores differ by more
 Then the accuracy gate: the exported file and the checkpoint are both evaluated (pycocotools mAP50-95, val.py's
 settings) on the validation split of --data, or its first --val-images; a drop larger than --max-map-drop (default:
 utils/export/gate.py MAX_MAP_DROP, by precision) exits non-zero with one sentence naming the file, both figures and
-what to try, and the file that failed is renamed <name>.rejected, so that nothing ships it by its name. A checkpoint with
-no dataset of ours (an Ultralytics file without --data) skips the gate, saying so.
+what to try, and the file that failed is renamed <name>.rejected, so that nothing ships it by its name. A checkpoint
+with no dataset of ours (an Ultralytics file without --data) skips the gate, saying so.
 """
 
 import argparse
