@@ -240,8 +240,8 @@ def metadata_of(network, train_args, options, imgsz, data_yaml):
 
 
 def check_image(ckpt_args, source):
-    """(path, RGB image) for the check: --source, else the first val image of the checkpoint's
-    dataset, else a generated one (a checkpoint from elsewhere may not have its dataset here)."""
+    """(path, RGB image) for the check: --source, else the first val image of the checkpoint's dataset, else a
+    generated one (a checkpoint from elsewhere may not have its dataset here)."""
     if source:
         img = read_image(source)
         if img is None:
@@ -307,10 +307,9 @@ def write_all(weights, jobs, network, x32, args, options, metadata, calibration,
 
 @torch.no_grad()
 def check(path, model, module, x, options, runs, tolerance, torch_ms, parity="raw"):
-    """Run the exported file next to PyTorch; print differences and latencies. Returns (whether they agree, the
-    file's median latency in ms). parity: "raw" (raw outputs and detections within tolerance), "detections" (the
-    detections only: OpenVINO fp16, whose fp16 weights move raw box coordinates by a pixel at 640 while the
-    detections agree), None (INT8: the differences are printed, the mAP judges)."""
+    """Run the exported file next to PyTorch; print differences and latencies. Returns (whether they agree, its
+    median latency in ms). parity: "raw" (raw outputs and detections within tolerance), "detections" (those only:
+    OpenVINO fp16, whose weights move raw boxes while the detections agree), None (INT8: the mAP judges)."""
     exported = load_exported(path, x.device)  # its Predictor
     raw = module(x)
     raw = (raw[0] if options.nms else raw).float()
