@@ -5,7 +5,7 @@ models/predict.py load weights.
 
     loaded = load_weights("best.pt")  # or yolo11n.pt (Ultralytics'), best.onnx, best_openvino_model/, ...
     loaded.kind   # "ours", "ultralytics", or the export format's name (utils/export/formats.py): "onnx", ...
-    loaded.model  # a .pt: the YOLO network (eval, fused); an exported file: utils.inference's model dict
+    loaded.model  # a .pt: the YOLO network (eval, fused); an exported file: its utils.inference.Predictor
 
 The path goes down once: load_weights -> utils/checkpoints/ours.py read_checkpoint, which opens and reads the file
 once (torch.load(weights_only=True); Ultralytics' pickled objects through utils/checkpoints/safe_unpickle.py, then

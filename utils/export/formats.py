@@ -75,10 +75,10 @@ OPTIONS = ("half", "int8", "nms", "dynamic")  # the export.py flags that a forma
 class ExportFormat:
     name: str  # its flag (--onnx) and its key
     title: str  # what the format is called
-    runtime: str  # what runs it: the model dict's "backend", the gate's sentence and the benchmark table's rows
+    runtime: str  # what runs it: the Predictor's `backend`, the gate's sentence and the benchmark table's rows
     suffix: str  # of the file, or of the file inside the folder (folder=True)
     write: Callable  # write(module, x, path, options, metadata, calibration), see utils/export/writers.py
-    load: Callable  # load(path, device) -> the model dict of utils/inference.py without "backend"
+    load: Callable  # load(path, device) -> the metadata, run and device of its Predictor (utils/inference.py)
     options: tuple = OPTIONS  # which of OPTIONS it takes
     benchmark: tuple = ("fp32",)  # the precisions --benchmark writes
     run_packages: tuple = ()  # what loads and runs a file: val.py, detect.py, export.py's check

@@ -1,9 +1,9 @@
-"""Each exported format opened in its own runtime (ONNX Runtime, TorchScript, OpenVINO, LiteRT) as the model dict of
+"""Each exported format opened in its own runtime (ONNX Runtime, TorchScript, OpenVINO, LiteRT) for a Predictor of
 utils/inference.py, and the metadata every exported file carries so that nothing else is needed to run it.
 
-A load function takes (path, device) and returns the dict without "backend" (load_exported adds the row's runtime
-name); the table in utils/export/formats.py names it for its
-format, and utils.inference.load_exported picks the row by the file's suffix. The packages a row lists are checked
+A load function takes (path, device) and returns a dict: the file's metadata, its `run` and `device`
+(load_exported makes the Predictor, with the row's runtime as its backend); the table in utils/export/formats.py names
+it for its format, and utils.inference.load_exported picks the row by the file's suffix. The packages a row lists are checked
 before its load function runs, so these import them plainly. Anything wrong with the file itself: CheckpointError
 with one sentence naming it.
 
