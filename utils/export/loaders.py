@@ -2,10 +2,10 @@
 utils/inference.py, and the metadata every exported file carries so that nothing else is needed to run it.
 
 A load function takes (path, device) and returns a dict: the file's metadata, its `run` and `device`
-(load_exported makes the Predictor, with the row's runtime as its backend); the table in utils/export/formats.py names
-it for its format, and utils.inference.load_exported picks the row by the file's suffix. The packages a row lists are checked
-before its load function runs, so these import them plainly. Anything wrong with the file itself: CheckpointError
-with one sentence naming it.
+(load_exported makes the Predictor, with the row's runtime as its backend); the table in utils/export/formats.py
+names it for its format, and utils.inference.load_exported picks the row by the file's suffix. The packages a row
+lists are checked before its load function runs, so these import them plainly. Anything wrong with the file
+itself: CheckpointError with one sentence naming it.
 
 The metadata (export_metadata: names, stride, imgsz, batch, dynamic, half, int8, end2end, nms, data, single_cls, the
 input/output names and shapes, each as JSON) lives in ONNX metadata_props, in metadata.json among the TorchScript
