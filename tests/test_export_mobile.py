@@ -77,7 +77,7 @@ def test_half_stores_fp16_weights_and_keeps_the_detections(exported, tmp_path, n
     half, full = export_formats.output_path(weights, row, "fp16"), exported["n"].parent / FILES[name]
     half = half if name == "mnn" else half.parent
     assert export_formats.file_size(half) < 0.6 * export_formats.file_size(full)
-    assert load_exported(half)["half"]
+    assert load_exported(half).half
     with pytest.raises(SystemExit, match=f"^error: --{name} exports the network at a fixed size .*leave out --int8"):
         export.main(["--weights", str(weights), f"--{name}", "--int8"])
 
@@ -157,7 +157,7 @@ def test_a_crashing_converter_and_truncated_files_are_one_sentence(exported, tmp
         truncated = tmp_path / good.name
         truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 3])
         with pytest.raises(CheckpointError, match=rf"^{truncated}"):
-            load_exported(truncated)["run"](batch_of([3], 64, 64))
+            load_exported(truncated).run(batch_of([3], 64, 64))
     folder = tmp_path / "best_ncnn_model"
     folder.mkdir()
     (folder / "best.param").write_text("7767517\n1 1\nNoSuchLayer x 0 1 in0\n")

@@ -124,7 +124,7 @@ def test_nms_graph_matches_python_nms_with_dynamic_shapes(exported, tmp_path):
             assert unmatched == 0 and boxes < 1e-2 and scores < 1e-4  # boxes reach ~200 px
     # No box above the threshold at all: an empty selection must run, not crash.
     export.main(["--weights", str(weights), "--onnx", "--nms", "--dynamic", "--conf", "0.9999", "--runs", "1"])
-    assert (load_exported(weights.with_suffix(".onnx"))["run"](batch_of([7, 8], 64, 96)) == 0).all()
+    assert (load_exported(weights.with_suffix(".onnx")).run(batch_of([7, 8], 64, 96)) == 0).all()
 
 
 def test_dynamic_at_two_sizes_and_batches(exported, tmp_path):

@@ -81,7 +81,7 @@ def test_the_saved_model_takes_nchw_images_and_is_found_by_its_pb_too(exported):
     ]
     assert export_formats.format_of(folder / "saved_model.pb").name == "saved_model"
     assert export_formats.format_of(exported[0].parent / "best.pb").name == "pb"
-    assert load_exported(folder / "saved_model.pb")["backend"] == "TF SavedModel"
+    assert load_exported(folder / "saved_model.pb").backend == "TF SavedModel"
 
 
 def test_the_gate_scored_both_within_its_tolerance(exported):

@@ -26,7 +26,7 @@ def test_yolo11_with_its_attention_stage_exports_to_onnx(tmp_path):
     x = batch_of([3], 64, 64)
     with torch.no_grad():
         raw = pytorch_model(weights)(x)
-    theirs = load_exported(weights.with_suffix(".onnx"))["run"](x)
+    theirs = load_exported(weights.with_suffix(".onnx")).run(x)
     assert theirs.shape == raw.shape and torch.allclose(theirs, raw, rtol=1e-4, atol=1e-3)
 
 
