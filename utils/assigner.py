@@ -49,7 +49,7 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
     pred_scores: (b, A, nc) probabilities;  pred_boxes: (b, A, 4) xyxy pixels;  anchors: (A, 2) pixels
     gt_labels: (b, n, 1);  gt_boxes: (b, n, 4) xyxy pixels;  gt_mask: (b, n, 1), 1 for real boxes (rest is padding)
     tiny_box: box sides under this count as this long for candidate selection (else a tiny object between anchor
-              centres is never learned); Ultralytics uses 16 px (bench/RESULTS.md: 8.5 did better here).
+              centres is never learned); Ultralytics uses 16 px, TINY_SIDE did better here (bench/RESULTS.md).
     device: where to compute ("cpu" for the OOM retry); results come back on pred_scores' device.
     keep: after the top-k and the one-box-per-anchor rule, each box keeps only its `keep` best anchors by alignment
           (YOLO26's one-to-one branch: topk 7, keep 1, one positive per object); None keeps all.

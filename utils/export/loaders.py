@@ -182,10 +182,9 @@ def load_openvino(path, device):
     )
     meta = parse_metadata(strings, path)
     # The CPU plugin runs f32 layers in bf16 where the CPU has bf16 instructions (AVX512_BF16, AMX) unless told
-    # otherwise. bf16 keeps 8 bits of mantissa: box coordinates in pixels move by up to 2-4 px at 640 and the
-    # DFL's expectations by a tenth of a cell, enough to lose mAP50-95 (measured: boxes 16 px off on the tests'
-    # model). So float layers compute in f32, also in an fp16 IR (its weights are stored in fp16 and expanded) and
-    # in the layers an INT8 IR keeps in float.
+    # otherwise. bf16 keeps 8 bits of mantissa: box coordinates in pixels and the DFL's expectations move enough to
+    # lose mAP50-95. So float layers compute in f32, also in an fp16 IR (its weights are stored in fp16 and expanded)
+    # and in the layers an INT8 IR keeps in float.
     config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
     if device.type != "cpu":
         warnings.warn(f"{path}: OpenVINO runs on the CPU here, not on {device}", stacklevel=3)

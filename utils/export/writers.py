@@ -235,7 +235,7 @@ def write_tflite(module, x, path, options, metadata, calibration):
 def float_copy(module):
     """A copy of the network to convert, on the CPU, in fp32, with contiguous weights: converters that start from
     torch.export or a trace (litert-torch, pnnx, ExecuTorch, coremltools) were given channels_last weights (as this
-    repo loads them, for speed), and litert-torch's file came out silently wrong (raw outputs 24 px off)."""
+    repo loads them, for speed), and litert-torch's file came out silently wrong (its raw outputs far off)."""
     return copy.deepcopy(module).float().cpu().eval().to(memory_format=torch.contiguous_format)
 
 
