@@ -98,9 +98,10 @@ def pad_targets(targets, batch_size):
 def one_to_many_weight(epoch, epochs, final=0.1):
     """ProgLoss (YOLO26): the weight of the one-to-many loss in epoch `epoch` (0-based) of `epochs`; the one-to-one
     loss gets 1 minus it. It falls linearly from 0.8 in the first epoch to `final` in the last, as Ultralytics'
-    E2ELoss does (its update() after each epoch, final 0.1): early, the dense one-to-many targets shape the shared
-    features; late, the loss is mostly that of the one-to-one head inference uses. final 0.8: a constant weight (no
-    ProgLoss, train.py --o2m-final 0.8). A pure function of the epoch: resume needs no state."""
+    E2ELoss does (its update() after each epoch, with this default final): early, the dense one-to-many targets shape
+    the shared features; late, the loss is mostly that of the one-to-one head inference uses. final equal to the
+    start: a constant weight (no ProgLoss, train.py --o2m-final). A pure function of the epoch: resume needs no
+    state."""
     return final + (0.8 - final) * max(1 - epoch / max(epochs - 1, 1), 0)
 
 
@@ -303,7 +304,7 @@ class DetectionLoss:
         """Class-score distillation, summed over every anchor and class: the KL divergence of the student's score
         from the teacher's, each a Bernoulli (the scores are per-class sigmoids, not one softmax). That is the BCE
         against the teacher's scores less the teacher's own entropy: the same gradient, and 0 for a student that
-        scores exactly as its teacher does. No temperature: a sigmoid score of 0.1 or 0.01 is already soft; the
+        scores exactly as its teacher does. No temperature: a sigmoid score below one is already soft; the
         teacher's near misses and second classes teach as they are."""
         target = teacher_logits.sigmoid()
         return (

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import cv2
 
 RECONNECT_ATTEMPTS = 3  # reopen a dropped source this many times before giving up on it
-RECONNECT_BACKOFF_S = 0.5  # wait before the first reopen, doubled before each next one: 0.5, 1, 2 s
+RECONNECT_BACKOFF_S = 0.5  # wait before the first reopen, doubled before each next one
 OPEN_TIMEOUT_S = 10  # a camera that accepts the connection but never answers must not hang the run
 READ_TIMEOUT_S = 10  # nor one that stops sending without closing: the read fails and the reopening starts
 URL_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://")

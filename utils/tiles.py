@@ -11,7 +11,7 @@ objects too large for a tile. Then one box is kept per object:
   to a whole box (from another tile or the whole-image pass) that covers at least half of it. Comparing by IoU, as
   NMS does, would miss this: a box cut in half has an IoU of 0.5 or less with the whole box.
 - Whole boxes of one object from two tiles (it lay in their overlap) or from a tile and the whole-image pass are
-  the same box seen twice: IoU >= 0.5 across sources, the higher score kept. Boxes of one tile never suppress each
+  the same box seen twice: IoU >= MATCH across sources, the higher score kept. Boxes of one tile never suppress each
   other here (the tile's own NMS has decided between them), so adjacent or nested objects survive.
 - Two cut boxes from different tiles (pieces of an object wider than the overlap that the whole-image pass missed)
   overlapping by half of the smaller one: the higher score is kept, as SAHI's NMS with its IOS metric does.
