@@ -190,9 +190,9 @@ class Outputs:
 
     def detect(self, img_rgb):
         """(n, 6) detections in the original image's pixels and the seconds of each stage, with this run's flags."""
-        a = self.args
-        imgsz = img_rgb.shape[:2] if a.tile else self.imgsz  # the tiled predictor takes the image whole, and slices it
-        dets, times = detect_image(self.predictor, img_rgb, imgsz, a.conf, a.iou, a.classes, a.max_det)
+        args = self.args
+        imgsz = img_rgb.shape[:2] if args.tile else self.imgsz  # the tiled predictor takes the image whole, slices it
+        dets, times = detect_image(self.predictor, img_rgb, imgsz, args.conf, args.iou, args.classes, args.max_det)
         self.seconds += times
         self.images += 1
         return dets, times
