@@ -59,7 +59,7 @@ def test_yolo26_graph_outputs_its_final_detections_without_nms(tmp_path):
     exported = load_exported(path)
     assert exported.end2end and exported.nms is None
     checkpoint = load(weights, nms=True)  # the .pt with --nms: per anchor, NMS after (postprocess asks end2end)
-    assert not checkpoint["end2end"] and checkpoint["run"](x).shape == (1, 525, 4 + 3)
+    assert not checkpoint.end2end and checkpoint.run(x).shape == (1, 525, 4 + 3)
     with pytest.raises(CheckpointError, match="best.onnx was exported end-to-end .* no one-to-many head"):
         load(path, nms=True)  # val.py / detect.py --nms: the graph has no other head to run
     x = batch_of([3], 160, 160)
