@@ -56,7 +56,7 @@ SIX = Package("six", "six")  # x2paddle imports it without declaring it
 # requirements-dev.txt and .ci/run install. Either one provides the module.
 TENSORFLOW = Package("tensorflow", "tensorflow")
 TF_KERAS = Package("tf_keras", "tf_keras")
-ONNX2TF = Package("onnx2tf", "onnx2tf")  # ONNX -> TensorFlow converter; 1.28 declares no dependencies: these follow
+ONNX2TF = Package("onnx2tf", "onnx2tf")  # ONNX -> TensorFlow converter; it declares no dependencies: these follow
 ONNX_GRAPHSURGEON = Package("onnx_graphsurgeon", "onnx_graphsurgeon")  # onnx2tf's graph editing, our folding too
 SNG4ONNX = Package("sng4onnx", "sng4onnx")  # onnx2tf names unnamed nodes with it
 PSUTIL = Package("psutil", "psutil")  # onnx2tf imports it

@@ -43,7 +43,7 @@ def prepared_onnx(onnx_path):
 
 
 class _Int(int):
-    """int() that takes a one-element array: onnx2tf 1.28's TopK calls int() on its K, which ONNX stores as a 1-D
+    """int() that takes a one-element array: onnx2tf's TopK calls int() on its K, which ONNX stores as a 1-D
     tensor of one element, and numpy 2 refuses that (TypeError: only 0-dimensional arrays can be converted; YOLO26's
     end-to-end head). A subclass, since the same module tests isinstance(k, int). Ultralytics edits onnx2tf's file
     for this; shadowing the name in that one module of the child process leaves the installed package as it is."""
