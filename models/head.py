@@ -68,18 +68,20 @@ class Detect(nn.Module):
     def forward(self, feats, mode=None):
         """mode: "maps", the raw maps of each level (a dict of both branches' with a one-to-one head), what the loss
         takes; "end2end", the one-to-one head's final detections (batch, max_det, 6), no NMS; "per_anchor", the
-        one-to-many branch decoded (batch, anchors, 4 + nc), for NMS; None: "maps" in training, else end2end with a
-        one-to-one head and per_anchor without. Each mode runs only the branches it returns."""
+        one-to-many branch decoded (batch, anchors, 4 + nc), for NMS; "one2one_per_anchor", the one-to-one head
+        decoded per anchor, whose best max_det are end2end's (for runtimes without TopK); None: "maps" in training,
+        else end2end with a one-to-one head and per_anchor without. Each mode runs only the branches it returns."""
         mode = mode or ("maps" if self.training else self.eval_mode)
         if mode == "maps":
             return self.maps(feats)
-        if mode == "end2end":
+        if mode in ("end2end", "one2one_per_anchor"):
             if not self.one_to_one:
                 raise ValueError("this model has no one-to-one head (only YOLO26 has): it always needs NMS")
-            return self.answer(self.branch(feats, self.one2one_box, self.one2one_cls))
+            one2one = self.branch(feats, self.one2one_box, self.one2one_cls)
+            return self.answer(one2one) if mode == "end2end" else self.decode(one2one)
         if mode == "per_anchor":
             return self.decode(self.branch(feats, self.box, self.cls))
-        raise ValueError(f"mode must be one of maps, end2end, per_anchor or None, got {mode!r}")
+        raise ValueError(f"mode must be one of maps, end2end, per_anchor, one2one_per_anchor or None, got {mode!r}")
 
     @property
     def eval_mode(self):

@@ -29,6 +29,18 @@ CONVERTER_TIMEOUT = 1800  # seconds: an n model converts in seconds, an x model 
 COREML_METADATA = "yolo_flat"  # the key of the JSON in a Core ML package's user-defined metadata
 
 
+class OneToOnePerAnchor(torch.nn.Module):
+    """An end-to-end network answering in Detect.forward's mode "one2one_per_anchor", for tracers that call
+    forward(x) alone."""
+
+    def __init__(self, network):
+        super().__init__()
+        self.network = network
+
+    def forward(self, x):
+        return self.network(x, mode="one2one_per_anchor")
+
+
 def per_anchor(module, metadata):
     """For runtimes without TopK (NCNN) and converters that fail on it (coremltools): an end-to-end network answers
     its one-to-one head's decoded boxes and scores per anchor, and the loader picks the best max_det of them
@@ -36,9 +48,8 @@ def per_anchor(module, metadata):
     other format's."""
     if not metadata["end2end"]:
         return module
-    module.head.answer = module.head.decode  # on the copy float_copy made: the checkpoint's network is untouched
     metadata["topk_outside"] = module.head.max_det
-    return module
+    return OneToOnePerAnchor(module)
 
 
 def outside_topk(run, meta):
