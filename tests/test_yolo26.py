@@ -78,6 +78,8 @@ def test_yolo26_answers_with_its_one_to_many_head_for_nms_when_asked():
     assert torch.equal(out, model.head.decode(maps["one2many"]))
     assert torch.equal(out, model.head.from_maps(maps, "per_anchor"))
     assert not torch.allclose(out, model.head.decode(maps["one2one"]))
+    with torch.no_grad():  # the phone formats' answer: the one-to-one head per anchor, its top 300 picked outside
+        assert torch.equal(model(x, mode="one2one_per_anchor"), model.head.decode(maps["one2one"]))
     with torch.no_grad():
         assert model(x).shape == (2, 8 * 12 + 4 * 6 + 2 * 3, 6)
     with pytest.raises(ValueError, match="no one-to-one head"), torch.no_grad():
