@@ -118,7 +118,7 @@ def test_val_py_and_predict_run_them_with_no_flag(exported, tmp_path):
 def test_yolo26_end_to_end_runs_its_topk_inside_both(exported, name):
     e2e = exported[1]
     model = load_exported(e2e.parent / FILES[name])
-    assert "topk_outside" not in model
+    assert "topk_outside" not in model.metadata
     assert_gives_the_final_detections(e2e, model)
 
 
