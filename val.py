@@ -95,20 +95,19 @@ shape, note = inference_size(predictor, args.imgsz)
 if note:
     log.info(f"note: {note}")
 imgsz = max(shape)
-if args.tile:  # each image whole, at its own size, one at a time: the tiled predictor slices it
+batch = 1 if args.tile else args.batch  # --tile: each image whole, at its own size, one at a time
+if args.tile:  # the tiled predictor slices it
     error = tiling_error(args.tile, args.overlap, shape)
     if error:
         sys.exit(f"error: {error}")
     predictor = tiled_predictor(
         predictor, shape, args.tile, args.overlap, args.conf, args.iou, None, args.max_det, True
     )
-    dataset, args.batch = WholeImages(records), 1
+    dataset = WholeImages(records)
     log.info(f"tiles of {args.tile} px overlapping by {args.overlap:.0%}, and the whole image for large objects")
 else:  # a file of fixed size gets that size for every image, a .pt or a --dynamic export rectangular batches
-    dataset = ValDataset(
-        records, imgsz, args.batch, stride=predictor.stride, shape=None if predictor.dynamic else shape
-    )
-loader = make_loader(dataset, batch_size=args.batch, workers=args.workers, pin_memory=device.type == "cuda")
+    dataset = ValDataset(records, imgsz, batch, stride=predictor.stride, shape=None if predictor.dynamic else shape)
+loader = make_loader(dataset, batch_size=batch, workers=args.workers, pin_memory=device.type == "cuda")
 log.info(f"{weights} ({predictor.backend}): {len(records)} {args.split} images at {imgsz} px on {predictor.device}")
 
 coco_json = data["coco_jsons"][args.split]  # the split's original COCO json, when it has one
