@@ -8,7 +8,7 @@
     python detect.py --weights best.pt --source video.mp4     # writes an annotated video
     python detect.py --weights best.pt --source video.mp4 --track   # ids kept from frame to frame (utils/track.py)
     python detect.py --weights best.pt --source 0              # webcam 0; Ctrl+C stops and saves
-    python detect.py --weights best.pt --source rtsp://user:pass@192.168.1.10:554/stream1  # also http(s)://
+    python detect.py --weights best.pt --source rtsp://user:pass@camera:554/stream1  # also http(s)://
     python detect.py --weights best.pt --source cameras.streams --vid-stride 2  # one source a line, all at once
 
 A stream URL and each source of a .streams file are read in a thread of their own that keeps only the
@@ -57,8 +57,8 @@ from utils.data.labels import IMAGE_SUFFIXES
 from utils.distributed import select_device
 from utils.general import next_run_dir
 from utils.plots import draw_detections
-from utils.streams import Stream, StreamError, is_url, quiet_video_logs, read_streams_file, source_names
-from utils.tiles import DEFAULT_OVERLAP, tiled_model, tiling_error
+from utils.streams import Stream, StreamError, VideoOut, is_url, quiet_video_logs, read_streams_file, source_names
+from utils.tiles import DEFAULT_OVERLAP, tiled_predictor, tiling_error
 from utils.track import TrackWriter, draw_tracks
 
 WRITABLE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}  # cv2 writes these; others become .jpg
@@ -172,13 +172,6 @@ def stop_on_ctrl_c():
         signal.signal(signal.SIGINT, previous)
 
 
-def detect(model, img_rgb, imgsz, args):
-    """(n, 6) detections in the original image's pixels and the seconds of each stage, with this run's flags."""
-    if args.tile:  # the tiled model takes the image at its own size, and slices it
-        imgsz = img_rgb.shape[:2]
-    return detect_image(model, img_rgb, imgsz, args.conf, args.iou, args.classes, args.max_det)
-
-
 def describe(dets, names):
     if not len(dets):
         return "no detections"
@@ -186,59 +179,62 @@ def describe(dets, names):
     return ", ".join(f"{int(n)} {names[c]}" for c, n in enumerate(counts) if n)
 
 
-def save_results(dets, name, shape, out, args, coco):
-    """Write --save-txt and collect --save-json rows for one image or frame."""
-    if args.save_txt:
-        h, w = shape
-        xywh = xyxy_to_xywh(dets[:, :4]) / torch.tensor([w, h, w, h])
-        rows = [
-            f"{int(c)} {x:.6f} {y:.6f} {bw:.6f} {bh:.6f} {s:.5f}"
-            for (x, y, bw, bh), s, c in zip(xywh.tolist(), dets[:, 4].tolist(), dets[:, 5].tolist())
-        ]
-        (out / "labels" / f"{name}.txt").write_text("".join(r + "\n" for r in rows))
-    if args.save_json:
-        coco += detections_to_coco(dets.tolist(), int(name) if name.isdigit() else name)
+class Outputs:
+    """What a run writes into its folder (annotated pictures and videos, --save-txt labels, --track tracks,
+    --save-json's rows), the files it skipped and the seconds of each stage, for one Predictor and this run's flags."""
+
+    def __init__(self, predictor, imgsz, folder, args):
+        self.predictor, self.names, self.imgsz, self.folder, self.args = predictor, predictor.names, imgsz, folder, args
+        self.coco, self.skipped, self.images = [], [], 0
+        self.seconds = np.zeros(3)  # preprocess, inference, NMS
+
+    def detect(self, img_rgb):
+        """(n, 6) detections in the original image's pixels and the seconds of each stage, with this run's flags."""
+        args = self.args
+        imgsz = img_rgb.shape[:2] if args.tile else self.imgsz  # the tiled predictor takes the image whole, slices it
+        dets, times = detect_image(self.predictor, img_rgb, imgsz, args.conf, args.iou, args.classes, args.max_det)
+        self.seconds += times
+        self.images += 1
+        return dets, times
+
+    def save(self, dets, name, shape):
+        """Write --save-txt and collect --save-json rows for one image or frame."""
+        if self.args.save_txt:
+            h, w = shape
+            xywh = xyxy_to_xywh(dets[:, :4]) / torch.tensor([w, h, w, h])
+            rows = [
+                f"{int(c)} {x:.6f} {y:.6f} {bw:.6f} {bh:.6f} {s:.5f}"
+                for (x, y, bw, bh), s, c in zip(xywh.tolist(), dets[:, 4].tolist(), dets[:, 5].tolist())
+            ]
+            (self.folder / "labels" / f"{name}.txt").write_text("".join(r + "\n" for r in rows))
+        if self.args.save_json:
+            self.coco += detections_to_coco(dets.tolist(), int(name) if name.isdigit() else name)
+
+    def frame(self, frame, label, video, tracks=None, index=0):
+        """Detect in one BGR frame, save its results under `label` and append it, annotated, to `video`; with a
+        TrackWriter `tracks`, the frame (number `index` of the source) is tracked and drawn with its ids."""
+        dets, _ = self.detect(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+        self.save(dets, label, frame.shape[:2])
+        if tracks is None:
+            video.write(draw_detections(frame, dets.tolist(), self.names))
+        else:
+            video.write(draw_tracks(frame, tracks.update(dets, index), self.names))
+        return dets
+
+    def video(self, name, fps):
+        return VideoOut(self.folder / f"{name}.mp4", fps)
+
+    def tracks(self, name):  # --track: the TrackWriter of the source `name`; else None
+        return TrackWriter(self.folder / "tracks" / f"{name}.txt") if self.args.track else None
 
 
-class VideoOut:
-    """An .mp4 opened at the first frame written, when the size becomes known."""
-
-    def __init__(self, path, fps):
-        self.path, self.fps, self.writer, self.size = path, fps, None, None
-
-    def write(self, frame):
-        if self.writer is None:
-            self.size = frame.shape[1], frame.shape[0]
-            self.writer = cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*"mp4v"), self.fps, self.size)
-        if (frame.shape[1], frame.shape[0]) != self.size:  # a camera reconfigured while it was away
-            frame = cv2.resize(frame, self.size)  # cv2.VideoWriter silently drops frames of another size
-        self.writer.write(frame)
-
-    def close(self):
-        if self.writer is not None:
-            self.writer.release()
-
-
-def process_frame(model, frame, label, video, imgsz, out, args, coco, seconds, tracks=None, index=0):
-    """Detect in one BGR frame, save its results under `label` and append it, annotated, to `video`; with a
-    TrackWriter `tracks`, the frame (number `index` of the source) is tracked and drawn with its ids."""
-    dets, times = detect(model, cv2.cvtColor(frame, cv2.COLOR_BGR2RGB), imgsz, args)
-    seconds += times
-    save_results(dets, label, frame.shape[:2], out, args, coco)
-    if tracks is None:
-        video.write(draw_detections(frame, dets.tolist(), model["names"]))
-    else:
-        video.write(draw_tracks(frame, tracks.update(dets, index), model["names"]))
-    return dets
-
-
-def run_video(model, capture, name, imgsz, out, args, coco, seconds, stop):
-    """Every --vid-stride'th frame of an opened cv2.VideoCapture -> out/NAME.mp4, until its end or `stop`."""
-    stride = args.vid_stride
+def run_video(outputs, capture, name, stop):
+    """Every --vid-stride'th frame of an opened cv2.VideoCapture -> NAME.mp4, until its end or `stop`."""
+    stride = outputs.args.vid_stride
     fps = capture.get(cv2.CAP_PROP_FPS) or 30  # webcams often report 0
     total = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))  # 0 or -1 for a webcam
-    video, index, frames, found = VideoOut(out / f"{name}.mp4", fps / stride), 0, 0, 0
-    tracks = TrackWriter(out / "tracks" / f"{name}.txt") if args.track else None
+    video, index, frames, found = outputs.video(name, fps / stride), 0, 0, 0
+    tracks = outputs.tracks(name)
     bar = tqdm(total=math.ceil(total / stride) if total > 0 else None, desc=name, unit="frame", leave=False)
     try:
         while not stop.is_set():
@@ -250,10 +246,10 @@ def run_video(model, capture, name, imgsz, out, args, coco, seconds, stop):
             ok, frame = capture.read()
             if not ok:
                 break
-            dets = process_frame(model, frame, f"{name}_{index}", video, imgsz, out, args, coco, seconds, tracks, index)
+            dets = outputs.frame(frame, f"{name}_{index}", video, tracks, index)
             index, frames, found = index + 1, frames + 1, found + len(dets)
             bar.update()
-            bar.set_postfix_str(describe(dets, model["names"]))
+            bar.set_postfix_str(describe(dets, outputs.names))
     finally:
         bar.close()
         capture.release()
@@ -263,11 +259,11 @@ def run_video(model, capture, name, imgsz, out, args, coco, seconds, stop):
     return frames, found
 
 
-def run_streams(model, streams, imgsz, out, args, coco, seconds, notify, stop):
+def run_streams(outputs, streams, notify, stop):
     """Round-robin over the live sources, each time on the newest frame a source received since its last
     turn, until all have stopped or `stop`; a source's video is closed as soon as it stops."""
-    videos = {stream: VideoOut(out / f"{name}.mp4", stream.fps / stream.stride) for stream, name in streams}
-    tracks = {stream: TrackWriter(out / "tracks" / f"{name}.txt") for stream, name in streams} if args.track else {}
+    videos = {stream: outputs.video(name, stream.fps / stream.stride) for stream, name in streams}
+    tracks = {stream: outputs.tracks(name) for stream, name in streams} if outputs.args.track else {}
     counts = {stream: [0, 0, 0] for stream, _ in streams}  # frames, detections, reconnections reported
     live = list(streams)
 
@@ -298,15 +294,12 @@ def run_streams(model, streams, imgsz, out, args, coco, seconds, notify, stop):
                         report(stream)
                     continue
                 index, frame = got
-                label = f"{name}_{index}"
-                dets = process_frame(
-                    model, frame, label, videos[stream], imgsz, out, args, coco, seconds, tracks.get(stream), index
-                )
+                dets = outputs.frame(frame, f"{name}_{index}", videos[stream], tracks.get(stream), index)
                 counts[stream][0] += 1
                 counts[stream][1] += len(dets)
                 busy = True
                 bar.update()
-                bar.set_postfix_str(f"{stream.name}: {describe(dets, model['names'])}")
+                bar.set_postfix_str(f"{stream.name}: {describe(dets, outputs.names)}")
             if not busy:
                 notify.wait(0.1)
     finally:
@@ -317,12 +310,11 @@ def run_streams(model, streams, imgsz, out, args, coco, seconds, notify, stop):
             video.close()
     for stream, _ in live:  # stopped by Ctrl+C
         report(stream)
-    return sum(frames for frames, _, _ in counts.values())
 
 
-def run_files(model, paths, imgsz, out, args, coco, seconds, skipped, stop):
-    """Images and video files, one after the other, until the last or `stop`; the number of images and frames."""
-    images = 0
+def run_files(outputs, paths, stop):
+    """Images and video files, one after the other, until the last or `stop`."""
+    out = outputs.folder
     bar = tqdm(paths, unit="file", disable=len(paths) < 2)
     for path in bar:
         if stop.is_set():
@@ -331,30 +323,26 @@ def run_files(model, paths, imgsz, out, args, coco, seconds, skipped, stop):
         if Path(path).suffix.lower() in VIDEO_SUFFIXES:
             capture = cv2.VideoCapture(path)
             if not capture.isOpened():
-                skipped.append(path)
+                outputs.skipped.append(path)
                 tqdm.write(f"{path}: cannot be read as a video, skipped")
                 continue
-            frames, found = run_video(model, capture, name, imgsz, out, args, coco, seconds, stop)
-            images += frames
+            frames, found = run_video(outputs, capture, name, stop)
             tqdm.write(f"{path}: {frames} frames, {found} detections -> {out / name}.mp4")
             continue
         img = read_image(path)
         if img is None:
-            skipped.append(path)
+            outputs.skipped.append(path)
             tqdm.write(f"{path}: cannot be read as an image, skipped")
             continue
-        dets, times = detect(model, img, imgsz, args)
-        seconds += times
-        images += 1
-        save_results(dets, name, img.shape[:2], out, args, coco)
-        annotated = draw_detections(cv2.cvtColor(img, cv2.COLOR_RGB2BGR), dets.tolist(), model["names"])
+        dets, times = outputs.detect(img)
+        outputs.save(dets, name, img.shape[:2])
+        annotated = draw_detections(cv2.cvtColor(img, cv2.COLOR_RGB2BGR), dets.tolist(), outputs.names)
         suffix = Path(path).suffix if Path(path).suffix.lower() in WRITABLE_SUFFIXES else ".jpg"
         cv2.imwrite(str(out / (name + suffix)), annotated)
         tqdm.write(
-            f"{path}: {describe(dets, model['names'])} ({times[0] * 1000:.1f} ms preprocess, "
+            f"{path}: {describe(dets, outputs.names)} ({times[0] * 1000:.1f} ms preprocess, "
             f"{times[1] * 1000:.1f} ms inference, {times[2] * 1000:.1f} ms NMS)"
         )
-    return images
 
 
 def main(argv=None):
@@ -365,17 +353,18 @@ def main(argv=None):
         sys.exit(f"error: {e}")
     device = select_device(args.device)
     try:
-        model = load(weights, device, nms=args.nms)
+        predictor = load(weights, device, nms=args.nms)
     except CheckpointError as e:
         sys.exit(f"error: {e}")
-    imgsz, note = inference_size(model, args.imgsz)
+    imgsz, note = inference_size(predictor, args.imgsz)
     if args.tile:
         error = tiling_error(args.tile, args.overlap, imgsz)
         if error:
             sys.exit(f"error: {error}")
-        model = tiled_model(model, imgsz, args.tile, args.overlap, args.conf, args.iou, args.classes, args.max_det)
+        settings = (args.tile, args.overlap, args.conf, args.iou, args.classes, args.max_det)
+        predictor = tiled_predictor(predictor, imgsz, *settings)
         print(f"tiles of {args.tile} px overlapping by {args.overlap:.0%}, and the whole image for large objects")
-    for sentence in (note, nms_note(model, args.conf, args.iou)):
+    for sentence in (note, nms_note(predictor, args.conf, args.iou)):
         if sentence:
             print(f"note: {sentence}")
     live, streams = live_sources(args.source), []
@@ -393,28 +382,27 @@ def main(argv=None):
 
     out = Path(args.out) if args.out else next_run_dir("runs/detect/exp")
     (out / "labels" if args.save_txt else out).mkdir(parents=True, exist_ok=True)
-    print(f"{model['backend']} {weights} on {device}, {imgsz[0]}x{imgsz[1]} px")
-    coco, skipped, seconds, images = [], [], np.zeros(3), 0  # seconds: preprocess, inference, NMS
+    print(f"{predictor.backend} {weights} on {device}, {imgsz[0]}x{imgsz[1]} px")
+    outputs = Outputs(predictor, imgsz, out, args)
     with stop_on_ctrl_c() as stop:
         if streams:
-            images += run_streams(model, streams, imgsz, out, args, coco, seconds, notify, stop)
+            run_streams(outputs, streams, notify, stop)
         if capture is not None:
-            frames, found = run_video(model, capture, f"webcam{sources}", imgsz, out, args, coco, seconds, stop)
+            frames, found = run_video(outputs, capture, f"webcam{sources}", stop)
             print(f"webcam {sources}: {frames} frames, {found} detections")
-            images += frames
             sources = []
-        images += run_files(model, sources, imgsz, out, args, coco, seconds, skipped, stop)
+        run_files(outputs, sources, stop)
 
     if args.save_json:
-        (out / "predictions.json").write_text(json.dumps(coco))
-    if images:
-        pre, inference, nms = seconds / images * 1000
+        (out / "predictions.json").write_text(json.dumps(outputs.coco))
+    if outputs.images:
+        pre, inference, nms = outputs.seconds / outputs.images * 1000
         print(
             f"speed per image: {pre:.1f} ms preprocess, {inference:.1f} ms inference, "
             f"{nms:.1f} ms NMS at {imgsz[0]}x{imgsz[1]}"
         )
-    if skipped:
-        print(f"skipped {len(skipped)} unreadable file(s): {', '.join(skipped)}")
+    if outputs.skipped:
+        print(f"skipped {len(outputs.skipped)} unreadable file(s): {', '.join(outputs.skipped)}")
     print(f"results in {out}")
     return out
 

@@ -5,7 +5,7 @@ checkpoint's.
     python export.py --onnx                              # newest runs/train/*/weights/best.pt -> best.onnx
     python export.py --weights best.pt --onnx --torchscript --imgsz 640
     python export.py --onnx --dynamic                    # any batch, height and width
-    python export.py --onnx --nms --conf 0.25 --iou 0.7  # NMS inside the graph
+    python export.py --onnx --nms                        # NMS inside the graph (--conf, --iou, --max-det fixed in it)
     python export.py --onnx --half                       # fp16 weights and input (CPU or --device 0)
     python export.py --openvino                          # best_openvino_model/ (--half: fp16 weights)
     python export.py --openvino --int8                   # best_int8_openvino_model/, calibrated on --data's images
@@ -32,7 +32,7 @@ Outputs of the exported model (input "images": (batch, 3, h, w), RGB, float, 0..
   without --nms  "output": (batch, anchors, 4 + nc) = x1 y1 x2 y2 in input pixels, then the
                  probability of each class (the same tensor the PyTorch model returns in eval mode).
                  float32 also with --half: only the weights, the input and the network run in fp16,
-                 the boxes are decoded in fp32 (fp16 pixel coordinates would be up to 0.5 px off).
+                 the boxes are decoded in fp32 (fp16 pixel coordinates would move them).
   YOLO26         "output": (batch, 300, 6) = x1 y1 x2 y2 score class, best first: its one-to-one head's final
   (end-to-end)   detections, no NMS in or after the graph; metadata end2end: true. With --nms, its one-to-many
                  head and NMS are exported instead, as for the other models (more accurate after short training).
@@ -55,10 +55,10 @@ printed. The exit code is non-zero if they disagree: raw outputs beyond a relati
 have no counterpart of the same class (IoU > 0.5) or whose scores differ by more than that tolerance.
 
 Then the accuracy gate: the exported file and the checkpoint are both evaluated (pycocotools mAP50-95, val.py's
-settings) on the validation split of --data, or its first --val-images; a drop larger than --max-map-drop (default
-0.002 for fp32 and fp16, 0.01 for INT8) exits non-zero with one sentence naming the file, both figures and what to
-try, and the file that failed is renamed <name>.rejected, so that nothing ships it by its name. A checkpoint with
-no dataset of ours (an Ultralytics file without --data) skips the gate, saying so.
+settings) on the validation split of --data, or its first --val-images; a drop larger than --max-map-drop (default:
+utils/export/gate.py MAX_MAP_DROP, by precision) exits non-zero with one sentence naming the file, both figures and
+what to try, and the file that failed is renamed <name>.rejected, so that nothing ships it by its name. A checkpoint
+with no dataset of ours (an Ultralytics file without --data) skips the gate, saying so.
 """
 
 import argparse
@@ -80,6 +80,7 @@ from utils.distributed import select_device
 from utils.export import formats as export_formats
 from utils.export.formats import OPTIONS, a_or_an, file_size, installed, joined, label, missing_sentence, output_path
 from utils.export.gate import Scores, gate, print_benchmark, set_aside
+from utils.export.options import ExportOptions
 from utils.export.writers import ExportError, ModelWithNMS, written_at_once
 from utils.inference import compare_detections, load_exported, median_latency, postprocess, preprocess
 
@@ -141,8 +142,6 @@ def check_request(args):
     except CheckpointError as e:
         sys.exit(f"error: {e}")
     rows = export_formats.FORMATS
-    if not (any(getattr(args, row.name) for row in rows) or args.benchmark):
-        setattr(args, rows[0].name, True)
     if args.simplify and not (installed("onnxslim") or installed("onnxsim")):
         sys.exit("error: --simplify needs an ONNX simplifier: pip install onnxslim (or onnxsim)")
     if args.nms and args.opset < 11:
@@ -176,7 +175,8 @@ def jobs_of(args):
     """(row, precision) of each export asked for: --benchmark takes every format this machine can run."""
     if not args.benchmark:
         precision = "int8" if args.int8 else "fp16" if args.half else "fp32"
-        return [(row, precision) for row in export_formats.FORMATS if getattr(args, row.name)]
+        named = [row for row in export_formats.FORMATS if getattr(args, row.name)]
+        return [(row, precision) for row in named or export_formats.FORMATS[:1]]  # ONNX when no format is named
     jobs = []
     for row in export_formats.FORMATS:
         for precision in row.benchmark:
@@ -196,9 +196,6 @@ def load_network(weights, args, device):
     except CheckpointError as e:
         sys.exit(f"error: {e}")
     network, train_args = loaded.model, loaded.train_args
-    if args.nms:  # YOLO26: its one-to-many head and NMS in the graph, instead of the NMS-free head
-        network.end2end = False
-    args.end2end = network.end2end  # YOLO26 (without --nms): the graph's output is the final detections
     imgsz = args.imgsz * 2 if len(args.imgsz) == 1 else args.imgsz[:2]
     imgsz = [s or network.imgsz for s in imgsz]
     stride = max(network.head.strides)
@@ -227,24 +224,24 @@ def dataset_of(args, train_args, weights, network, jobs):
     return data
 
 
-def metadata_of(network, train_args, args, imgsz):
+def metadata_of(network, train_args, options, imgsz, data_yaml):
     """What every exported file carries (utils/export/loaders.py reads it back); the writers add the shapes."""
     return dict(
         names=list(network.names),
         imgsz=imgsz,
         stride=max(network.head.strides),
-        batch=args.batch,
-        dynamic=args.dynamic,
-        nms=dict(conf=args.conf, iou=args.iou, max_det=args.max_det) if args.nms else None,
-        end2end=network.end2end,
-        data=str(args.data or train_args.get("data") or "") or None,
+        batch=options.batch,
+        dynamic=options.dynamic,
+        nms=dict(conf=options.conf, iou=options.iou, max_det=options.max_det) if options.nms else None,
+        end2end=options.end2end,
+        data=str(data_yaml or train_args.get("data") or "") or None,
         single_cls=bool(train_args.get("single_cls", False)),
     )
 
 
 def check_image(ckpt_args, source):
-    """(path, RGB image) for the check: --source, else the first val image of the checkpoint's
-    dataset, else a generated one (a checkpoint from elsewhere may not have its dataset here)."""
+    """(path, RGB image) for the check: --source, else the first val image of the checkpoint's dataset, else a
+    generated one (a checkpoint from elsewhere may not have its dataset here)."""
     if source:
         img = read_image(source)
         if img is None:
@@ -267,7 +264,7 @@ def check_image(ckpt_args, source):
 def calibration_inputs(data, imgsz, n, batch):
     """A callable giving the calibration inputs of --int8: n images spread over the training split of the dataset
     (not its first n, which may all show the same scene), letterboxed exactly as at inference, as float32 arrays
-    (batch, 3, h, w). Read lazily: 300 images at 640 px are 1.5 GB as float32."""
+    (batch, 3, h, w). Read lazily, since hundreds of float32 images do not fit in memory at once."""
     paths = list_images(data["train"])
     if not paths:
         sys.exit(f"error: --int8 needs training images to calibrate on, and {data['yaml']} lists none")
@@ -281,7 +278,7 @@ def calibration_inputs(data, imgsz, n, batch):
     return inputs
 
 
-def write_all(weights, jobs, network, x32, args, metadata, calibration, data, folder=None):
+def write_all(weights, jobs, network, x32, args, options, metadata, calibration, data, folder=None):
     """Write each file with its row's write function, next to the weights or in folder. Returns [(path, row,
     precision, the network it came from, its input, the traced module)]."""
     # ONNX and TorchScript in fp16 trace an fp16 network; OpenVINO converts fp32 and stores fp16 weights
@@ -292,7 +289,7 @@ def write_all(weights, jobs, network, x32, args, metadata, calibration, data, fo
     for row, precision in jobs:
         net = half_network if precision == "fp16" and not row.fp16_weights_only else network
         x = x32.half() if net is half_network else x32
-        module = ModelWithNMS(net, args.conf, args.iou, args.max_det).eval() if args.nms else net
+        module = ModelWithNMS(net, options.conf, options.iou, options.max_det).eval() if options.nms else net
         meta = dict(metadata, half=precision == "fp16", int8=precision == "int8")
         path = output_path(weights, row, precision, folder, tag_fp16=args.benchmark)
         (path.parent.parent if row.folder else path.parent).mkdir(parents=True, exist_ok=True)  # not an empty one
@@ -300,7 +297,7 @@ def write_all(weights, jobs, network, x32, args, metadata, calibration, data, fo
             print(f"quantizing to INT8, calibrated on up to {args.calib_images} images of {data['yaml']} ...")
         try:  # written aside, then renamed: a kill or a full disk never leaves half a file that later loads
             with written_at_once(path, row.folder) as temporary:
-                row.write(module, x, temporary, args, meta, calibration if precision == "int8" else None)
+                row.write(module, x, temporary, options, meta, calibration if precision == "int8" else None)
         except ExportError as e:
             sys.exit(f"error: {e}")
         print(f"wrote {path.parent if row.folder else path} ({file_size(path) / 1e6:.1f} MB)")
@@ -309,47 +306,46 @@ def write_all(weights, jobs, network, x32, args, metadata, calibration, data, fo
 
 
 @torch.no_grad()
-def check(path, model, module, x, args, tolerance, torch_ms, parity="raw"):
-    """Run the exported file next to PyTorch; print differences and latencies. Returns (whether they agree, the
-    file's median latency in ms). parity: "raw" (raw outputs and detections within tolerance), "detections" (the
-    detections only: OpenVINO fp16, whose fp16 weights move raw box coordinates by a pixel at 640 while the
-    detections agree), None (INT8: the differences are printed, the mAP judges)."""
-    exported = load_exported(path, x.device)
+def check(path, model, module, x, options, runs, tolerance, torch_ms, parity="raw"):
+    """Run the exported file next to PyTorch; print differences and latencies. Returns (whether they agree, its
+    median latency in ms). parity: "raw" (raw outputs and detections within tolerance), "detections" (those only:
+    OpenVINO fp16, whose weights move raw boxes while the detections agree), None (INT8: the mAP judges)."""
+    exported = load_exported(path, x.device)  # its Predictor
     raw = module(x)
-    raw = (raw[0] if args.nms else raw).float()
-    theirs = exported["run"](x).to(raw.device)
-    settings = dict(conf=args.conf, iou=args.iou, max_det=args.max_det)
-    reference = non_max_suppression(model(x).float(), **settings, end2end=model.end2end)
+    raw = (raw[0] if options.nms else raw).float()
+    theirs = exported.run(x).to(raw.device)
+    settings = dict(conf=options.conf, iou=options.iou, max_det=options.max_det)
+    reference = non_max_suppression(model(x, mode=options.mode).float(), **settings, end2end=options.end2end)
     detections = postprocess(theirs, exported, **settings)
-    compared = [compare_detections(a, b, args.conf) for a, b in zip(reference, detections)]
+    compared = [compare_detections(a, b, options.conf) for a, b in zip(reference, detections)]
     box_difference, score_difference = max(c[0] for c in compared), max(c[1] for c in compared)
     unmatched = sum(c[2] for c in compared)
     # With NMS in the graph the raw output is the detections, whose rows may swap on equal scores; so are an
     # end-to-end model's (YOLO26): its scores, sorted, must agree, and the detections are matched below.
-    raw_difference = "n/a (NMS inside)" if args.nms else f"{(theirs - raw).abs().max().item():.2e}"
-    if args.end2end:
+    raw_difference = "n/a (NMS inside)" if options.nms else f"{(theirs - raw).abs().max().item():.2e}"
+    if options.end2end:
         theirs, raw = theirs[..., 4], raw[..., 4]
         raw_difference = f"{(theirs - raw).abs().max().item():.2e} (scores, best first)"
-    raw_ok = args.nms or torch.allclose(theirs, raw, rtol=tolerance, atol=tolerance)
+    raw_ok = options.nms or torch.allclose(theirs, raw, rtol=tolerance, atol=tolerance)
     # Boxes are not held to a tolerance here: among overlapping boxes with tied scores, NMS may
     # legitimately keep another one (see compare_detections); the raw check covers box values.
     # Where the graph's output is the raw predictions, the NMS after it is ours on both sides: with the raw output
     # within tolerance, a detection kept on one side only is a near-tie of two overlapping boxes (fp16 flips them
     # on barely trained weights), printed but not a failure. The detections judge graphs that give them.
-    detections_judge = args.nms or args.end2end or parity == "detections"
+    detections_judge = options.nms or options.end2end or parity == "detections"
     detections_ok = unmatched == 0 and score_difference <= tolerance
     ok = parity is None or ((raw_ok or parity == "detections") and (detections_ok or not detections_judge))
-    their_ms = median_latency(exported["run"], x, args.runs)
+    their_ms = median_latency(exported.run, x, runs)
     print(
         f"{label(path):>24}: raw output max |diff| {raw_difference}; "
         f"detections {sum(map(len, detections))} vs PyTorch's {sum(map(len, reference))}, {unmatched} unmatched, "
         f"max |diff| {box_difference:.2e} px boxes, {score_difference:.2e} scores; "
-        f"median latency {their_ms:.1f} ms vs PyTorch {torch_ms:.1f} ms ({args.runs} runs)"
+        f"median latency {their_ms:.1f} ms vs PyTorch {torch_ms:.1f} ms ({runs} runs)"
     )
     return ok, their_ms
 
 
-def latency_at_sizes(weights, jobs, network, img, args, metadata, data, first):
+def latency_at_sizes(weights, jobs, network, img, args, options, metadata, data, first):
     """--benchmark's latencies, at --imgsz and at each --latency-imgsz: {(h, w): (PyTorch's ms, {(format, precision):
     ms})}, and the failures of the files written for them. first: (imgsz, input, written, latency, PyTorch's ms) of
     the files already written, checked and scored at --imgsz; at another size each format is written again into
@@ -363,19 +359,22 @@ def latency_at_sizes(weights, jobs, network, img, args, metadata, data, first):
         x = preprocess(img, [size, size])[0].repeat(args.batch, 1, 1, 1).to(x32.device)
         calibration = calibration_inputs(data, [size, size], args.calib_images, args.batch)
         folder = weights.parent / f"{weights.stem}_benchmark" / f"{size}px"
-        here = write_all(weights, jobs, network, x, args, dict(metadata, imgsz=[size, size]), calibration, data, folder)
-        failed, latency_here, torch_here = check_all(here, network, x, args, f"the same image at {size} px")
+        meta = dict(metadata, imgsz=[size, size])
+        here = write_all(weights, jobs, network, x, args, options, meta, calibration, data, folder)
+        failed, latency_here, torch_here = check_all(
+            here, network, x, options, args.runs, f"the same image at {size} px"
+        )
         failures += failed
         timings[size, size] = (torch_here, {(row.name, p): latency_here.get(path) for path, row, p, *_ in here})
     return timings, failures
 
 
-def check_all(written, network, x32, args, source):
+def check_all(written, network, x32, options, runs, source):
     """check() each file. Returns (the sentences of the failures, each file's latency, PyTorch's latency)."""
     print(f"check on {source}, input {tuple(x32.shape)}:")
     failures, latency = [], {}
     with torch.no_grad():
-        torch_ms = median_latency(network, x32, args.runs)
+        torch_ms = median_latency(lambda x: network(x, mode=options.mode), x32, runs)
     for path, row, precision, net, x, module in written:
         if reason := row.cannot_run():  # written, not run: Core ML off macOS, described (its spec) instead
             described = f"; its spec: {row.describe(path)}" if row.describe else ""
@@ -384,7 +383,7 @@ def check_all(written, network, x32, args, source):
         tolerance = 1e-2 if precision == "fp16" else 1e-3
         fp16_weights = precision == "fp16" and row.fp16_weights_only  # of an fp32 graph (OpenVINO): see check()
         parity = None if precision == "int8" else "detections" if fp16_weights else "raw"
-        ok, latency[path] = check(path, net, module, x, args, tolerance, torch_ms, parity)
+        ok, latency[path] = check(path, net, module, x, options, runs, tolerance, torch_ms, parity)
         if not ok:
             failures.append(
                 (path, f"{label(path)} and PyTorch disagree beyond tolerance {tolerance} (relative, see above)")
@@ -401,14 +400,15 @@ def main(argv=None):
     source, img = check_image(train_args, args.source)
     x32 = preprocess(img, imgsz)[0].repeat(args.batch, 1, 1, 1).to(device)
     calibration = calibration_inputs(data, imgsz, args.calib_images, args.batch) if data else None
-    metadata = metadata_of(network, train_args, args, imgsz)
+    options = ExportOptions.of(args, network.end2end)
+    metadata = metadata_of(network, train_args, options, imgsz, args.data)
     folder = weights.parent / f"{weights.stem}_benchmark" if args.benchmark else None
-    written = write_all(weights, jobs, network, x32, args, metadata, calibration, data, folder)
-    failures, latency, torch_ms = check_all(written, network, x32, args, source)
+    written = write_all(weights, jobs, network, x32, args, options, metadata, calibration, data, folder)
+    failures, latency, torch_ms = check_all(written, network, x32, options, args.runs, source)
     if data is None:
         print(f"accuracy gate skipped: {weights} names no dataset of ours; give --data to score the exported files")
     else:
-        scores = Scores(data, train_args, args, device)
+        scores = Scores(data, train_args, args, device, options.mode)
         print(f"accuracy gate on {data['yaml']}:")
         results = {}
         for path, row, precision, *_ in written:
@@ -419,7 +419,7 @@ def main(argv=None):
             failures += [(path, failure)] if failure else []
         if args.benchmark:
             first = (imgsz, x32, written, latency, torch_ms)
-            timings, failed = latency_at_sizes(weights, jobs, network, img, args, metadata, data, first)
+            timings, failed = latency_at_sizes(weights, jobs, network, img, args, options, metadata, data, first)
             failures += failed
             print_benchmark(weights, scores.checkpoint(network, args.dynamic, imgsz), written, results, timings)
     if failures:  # a file that failed keeps no name that val.py, detect.py or a glob for *.onnx would ship

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from models.teacher import load_teacher
 from models.weights import architecture, class_width, initialise_from, run_files
-from models.yolo import YOLO, count_gflops, count_parameters
+from models.yolo import YOLO, assignment_of, count_gflops, count_parameters
 from utils import mlflow_logging, monitor, settings  # MLflow; results.csv, TensorBoard, progress; settings resolved
 from utils.autobatch import batch_from_memory
 from utils.checkpoints.ours import FORMAT, load_checkpoint, restore_training_state, rng_states, save_checkpoint
@@ -225,6 +225,7 @@ optimizer = build_optimizer(model, args.optimizer, args.lr0, args.momentum, weig
 scaler = torch.amp.GradScaler(device.type, enabled=use_amp and amp_dtype == torch.float16)
 loss_settings = dict(tiny_box=args.tiny_box, class_weights=class_weights, epochs=args.epochs, o2m_final=args.o2m_final)
 loss_settings["distill_gain"] = args.distill_gain if teacher else None  # --teacher: a fourth loss part, `distill`
+loss_settings["assignment"] = assignment_of(model.scale)  # the one-to-one branch's (YOLO26, 11n-e2e)
 loss_fn = DetectionLoss(model.head, args.box, args.cls, args.dfl, **loss_settings)
 # results.csv's columns; the loss names its parts (loss_fn.names: box, cls, and dfl, or l1 for a model without DFL)
 METRICS = ("precision", "recall", "mAP50", "mAP50-95", *loss_fn.val_columns)
@@ -321,7 +322,7 @@ def forward_loss(images, targets, size, last_micro_step):
         with sync, torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
             maps = model(images)
         with torch.no_grad():  # --teacher: frozen and in eval, on the same augmented batch, in its own (AMP) dtype
-            teacher_maps = teacher(images.to(teacher_dtype))[1] if teacher else None
+            teacher_maps = teacher(images.to(teacher_dtype), mode="maps") if teacher else None
         return loss_fn(maps, targets, teacher_maps)
     except torch.OutOfMemoryError:
         return None  # returned from here, the failed step's graph is released with this frame

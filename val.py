@@ -29,7 +29,7 @@ from utils.distributed import select_device
 from utils.evaluate import evaluate, format_table
 from utils.general import next_run_dir, setup_logging, write_run_file
 from utils.plots import plot_evaluation
-from utils.tiles import DEFAULT_OVERLAP, WholeImages, tiled_model, tiling_error
+from utils.tiles import DEFAULT_OVERLAP, WholeImages, tiled_predictor, tiling_error
 
 parser = argparse.ArgumentParser(
     description="Evaluate a checkpoint (COCO mAP with pycocotools)",
@@ -73,42 +73,45 @@ except CheckpointError as e:
 device = select_device(args.device)
 try:
     # any format: models/predict.py
-    model = load(weights, device, half=args.half and device.type == "cuda", nms=args.nms)
-    if not (args.data or model["data"]):  # an Ultralytics file names no dataset of ours
+    predictor = load(weights, device, half=args.half and device.type == "cuda", nms=args.nms)
+    if not (args.data or predictor.data):  # an Ultralytics file names no dataset of ours
         sys.exit(f"error: {weights} does not say which dataset it was trained on; give --data")
-    data = load_dataset_yaml(args.data or model["data"])
+    data = load_dataset_yaml(args.data or predictor.data)
     split = data[args.split]
     records = load_verified(split, data["nc"], args.split, max_pixels=args.max_pixels) if split else None
 except (CheckpointError, DatasetError) as e:
     sys.exit(f"error: {e}")
 if records is None:
     sys.exit(f"error: {data['yaml']} has no '{args.split}' split")
-if args.single_cls or model["single_cls"]:  # trained with --single-cls: every class counts as one
+if args.single_cls or predictor.single_cls:  # trained with --single-cls: every class counts as one
     records, data["names"], data["nc"] = single_class(records), ["object"], 1
-if len(model["names"]) != data["nc"]:
-    sys.exit(f"error: {weights} predicts {len(model['names'])} classes but {data['yaml']} names {data['nc']}")
+if len(predictor.names) != data["nc"]:
+    sys.exit(f"error: {weights} predicts {len(predictor.names)} classes but {data['yaml']} names {data['nc']}")
 
 out = Path(args.out) if args.out else next_run_dir("runs/val/exp")
 out.mkdir(parents=True, exist_ok=True)
 log = setup_logging(out / "val.log")
-shape, note = inference_size(model, args.imgsz)
+shape, note = inference_size(predictor, args.imgsz)
 if note:
     log.info(f"note: {note}")
 imgsz = max(shape)
-if args.tile:  # each image whole, at its own size, one at a time: the tiled model slices it
+batch = 1 if args.tile else args.batch  # --tile: each image whole, at its own size, one at a time
+if args.tile:  # the tiled predictor slices it
     error = tiling_error(args.tile, args.overlap, shape)
     if error:
         sys.exit(f"error: {error}")
-    model = tiled_model(model, shape, args.tile, args.overlap, args.conf, args.iou, None, args.max_det, True)
-    dataset, args.batch = WholeImages(records), 1
+    predictor = tiled_predictor(
+        predictor, shape, args.tile, args.overlap, args.conf, args.iou, None, args.max_det, True
+    )
+    dataset = WholeImages(records)
     log.info(f"tiles of {args.tile} px overlapping by {args.overlap:.0%}, and the whole image for large objects")
 else:  # a file of fixed size gets that size for every image, a .pt or a --dynamic export rectangular batches
-    dataset = ValDataset(records, imgsz, args.batch, stride=model["stride"], shape=None if model["dynamic"] else shape)
-loader = make_loader(dataset, batch_size=args.batch, workers=args.workers, pin_memory=device.type == "cuda")
-log.info(f"{weights} ({model['backend']}): {len(records)} {args.split} images at {imgsz} px on {model['device']}")
+    dataset = ValDataset(records, imgsz, batch, stride=predictor.stride, shape=None if predictor.dynamic else shape)
+loader = make_loader(dataset, batch_size=batch, workers=args.workers, pin_memory=device.type == "cuda")
+log.info(f"{weights} ({predictor.backend}): {len(records)} {args.split} images at {imgsz} px on {predictor.device}")
 
 coco_json = data["coco_jsons"][args.split]  # the split's original COCO json, when it has one
-result = evaluate(model, loader, data["names"], device, coco_json, args.conf, args.iou, args.max_det)
+result = evaluate(predictor, loader, data["names"], device, coco_json, args.conf, args.iou, args.max_det)
 speed = result["metrics"]["speed_ms"]
 log.info(format_table(result, data["names"]))
 log.info(
@@ -121,6 +124,6 @@ if args.save_json:
     (out / "predictions.json").write_text(json.dumps(result["detections"]))
     if coco_json is None:  # the ground truth the mAP was computed against, for re-checking
         (out / "ground_truth.json").write_text(json.dumps(result["ground_truth"]))
-best_f1_confidence = plot_evaluation(result, model, loader, data["names"], out, device)
+best_f1_confidence = plot_evaluation(result, predictor, loader, data["names"], out, device)
 log.info(f"best F1 at confidence {best_f1_confidence:.3f} (F1_curve.png; detect.py --conf)")
 log.info(f"results in {out}")

@@ -43,7 +43,7 @@ import torch  # noqa: E402
 from cpu_time import cpu_seconds  # noqa: E402  (bench/, the script's own folder, is on sys.path)
 from peer import find_peer_python  # noqa: E402
 
-from models.yolo import YOLO  # noqa: E402
+from models.yolo import YOLO, assignment_of  # noqa: E402
 from utils.data.dataset_yaml import load_dataset_yaml  # noqa: E402
 from utils.data.images import cache_images  # noqa: E402
 from utils.data.labels import load_verified  # noqa: E402
@@ -222,7 +222,7 @@ def per_worker(args, records, images_dir):
 def time_train_step(images, targets, nc, steps):
     """Images/s of forward + backward of the n model and its loss on one batch (as train.py does, fp32 CPU)."""
     model = YOLO("n", nc).train().to(memory_format=torch.channels_last)  # as train.py runs it
-    loss_fn = DetectionLoss(model.head)
+    loss_fn = DetectionLoss(model.head, assignment=assignment_of(model.scale))
     x = (images.float() / 255).contiguous(memory_format=torch.channels_last)
     for _ in range(1):  # warm-up: first-call allocations and kernel selection
         loss_fn(model(x), targets)[0].backward()

@@ -36,6 +36,7 @@ from utils.checkpoints.ours import load_checkpoint  # noqa: E402
 from utils.data.dataset_yaml import load_dataset_yaml  # noqa: E402
 from utils.data.labels import list_images  # noqa: E402
 from utils.export.loaders import onnx_session  # noqa: E402
+from utils.inference import Predictor  # noqa: E402
 
 
 def export(weights, size, folder, data):
@@ -52,14 +53,14 @@ def export(weights, size, folder, data):
 
 
 def ultralytics_end2end(path):
-    """An Ultralytics end-to-end .onnx (YOLO26: output (1, 300, 6) x1 y1 x2 y2 score class) as a model dict."""
+    """An Ultralytics end-to-end .onnx (YOLO26: output (1, 300, 6) x1 y1 x2 y2 score class) as a Predictor."""
     session = onnx_session(path)  # subnormals flushed, as ours (utils/export/loaders.py)
     shape = session.get_inputs()[0].shape[2:]
     name = session.get_inputs()[0].name
     if session.get_outputs()[0].shape[-1] != 6:
         sys.exit(f"error: {path}: expected an end-to-end output (batch, 300, 6), got {session.get_outputs()[0].shape}")
     run = lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])  # noqa: E731
-    return {"run": run, "imgsz": tuple(shape), "nms": None, "end2end": True, "weights": str(path)}
+    return Predictor(run, [], tuple(shape), 32, dynamic=False, end2end=True, backend="ONNX Runtime", weights=str(path))
 
 
 def time_models(models, images, conf, warmup=3):
@@ -72,8 +73,8 @@ def time_models(models, images, conf, warmup=3):
     for order in (range(len(models)), reversed(range(len(models)))):
         for i in order:
             for img in images[:warmup]:
-                detect_image(models[i], img, models[i]["imgsz"], conf=conf)
-            times = [detect_image(models[i], img, models[i]["imgsz"], conf=conf)[1] for img in images]
+                detect_image(models[i], img, models[i].imgsz, conf=conf)
+            times = [detect_image(models[i], img, models[i].imgsz, conf=conf)[1] for img in images]
             # per image (preprocess, network, post-processing) -> per stage and in all, the median in ms
             ms = [1000 * statistics.median(stage) for stage in [*zip(*times), map(sum, times)]]
             best[i] = ms if best[i] is None or ms[-1] < best[i][-1] else best[i]
@@ -98,13 +99,13 @@ def main():
             models = [load(export(w, size, Path(tmp), data)) for w in args.weights]
             for path in args.ultralytics_onnx:
                 theirs = ultralytics_end2end(path)
-                if theirs["imgsz"] == (size, size):
+                if theirs.imgsz == (size, size):
                     models.append(theirs)
             for conf in (0.25, 0.001):
                 for model, ms in zip(models, time_models(models, images, conf)):
-                    folder = Path(model["weights"]).parent.name
-                    name = folder.rsplit("_", 1)[0] if "_" in folder else f"Ultralytics {Path(model['weights']).name}"
-                    post = "top-300 (no NMS)" if model.get("end2end") else "NMS"
+                    folder = Path(model.weights).parent.name
+                    name = folder.rsplit("_", 1)[0] if "_" in folder else f"Ultralytics {Path(model.weights).name}"
+                    post = "top-300 (no NMS)" if model.end2end else "NMS"
                     rows.append([name, size, post, conf, *ms])
     print(
         f"batch 1, median ms per image over {len(images)} images of {data}; onnxruntime {onnxruntime.__version__} "

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from models.yolo import SCALES, YOLO, count_gflops, count_parameters  # noqa: E402
+from models.yolo import SCALES, YOLO, assignment_of, count_gflops, count_parameters  # noqa: E402
 from utils.loss import DetectionLoss  # noqa: E402
 
 
@@ -71,7 +71,7 @@ def main():
     for scale in args.scales:
         model = YOLO(scale, nc=80).to(device, memory_format=torch.channels_last)  # as train.py and val.py run it
         params, gflops = count_parameters(model) / 1e6, count_gflops(model, 640)
-        loss_fn = DetectionLoss(model.head)
+        loss_fn = DetectionLoss(model.head, assignment=assignment_of(model.scale))
         for size in args.sizes:
             x = torch.rand(args.batch, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
             targets = torch.tensor(

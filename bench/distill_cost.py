@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models.teacher import load_teacher  # noqa: E402
 from models.weights import load_weights  # noqa: E402
-from models.yolo import YOLO  # noqa: E402
+from models.yolo import YOLO, assignment_of  # noqa: E402
 from utils.loss import DetectionLoss  # noqa: E402
 
 
@@ -42,7 +42,7 @@ def main():
     names = load_weights(args.teacher, build=False).checkpoint["names"]
     student = YOLO("n", len(names)).to(memory_format=torch.channels_last).train()
     optimizer = torch.optim.AdamW(student.parameters(), lr=1e-4)
-    loss_fn = DetectionLoss(student.head, distill_gain=0.5)
+    loss_fn = DetectionLoss(student.head, distill_gain=0.5, assignment=assignment_of(student.scale))
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     teachers = {
         name: load_teacher(args.teacher, names, args.imgsz, device, dtype)[0].to(memory_format=torch.channels_last)

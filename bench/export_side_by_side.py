@@ -231,10 +231,9 @@ def same_scorer_map(path, fmt, imgsz, scores, ultralytics_layout):
             out = torch.cat((xy - wh / 2, xy + wh / 2, out[..., 4:]), 2)
         return out
 
-    model = dict(
-        run=run_batch, names=scores.names, imgsz=(imgsz, imgsz), stride=32, batch=None, dynamic=False, half=False,
-        int8=False, end2end=False, nms=None, data=None, single_cls=False, backend=fmt, device=torch.device("cpu"),
-    )  # fmt: skip
+    from utils.inference import Predictor
+
+    model = Predictor(run_batch, scores.names, (imgsz, imgsz), 32, dynamic=False, backend=fmt)
     return scores(model, (imgsz, imgsz))
 
 

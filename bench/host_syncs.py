@@ -155,7 +155,7 @@ def make_step(args, device):
     """train.py's training step on one synthetic batch: (step, pieces, boxes in the batch); step(count=True) adds
     the host syncs of each piece of the step to pieces[name], step(count=False) only runs it."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from models.yolo import YOLO
+    from models.yolo import YOLO, assignment_of
     from utils.ema import ModelEMA
     from utils.loss import DetectionLoss
     from utils.optim import build_optimizer, optimizer_step
@@ -164,7 +164,7 @@ def make_step(args, device):
     amp_dtype = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
     torch.manual_seed(0)
     model = YOLO(args.model, nc=80).to(device, memory_format=torch.channels_last).train()
-    loss_fn = DetectionLoss(model.head)
+    loss_fn = DetectionLoss(model.head, assignment=assignment_of(model.scale))
     optimizer = build_optimizer(model, "sgd", 0.01, 0.937, 5e-4)
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     ema = ModelEMA(model)

@@ -62,10 +62,10 @@ def convert(source):
     theirs.load_state_dict(state)
     theirs.names = dict(enumerate(ours.names))
     theirs.eval()
-    ours.head.return_maps = True  # the raw maps of each level (box bins, then class logits), as theirs answers them
     x = torch.rand(1, 3, ours.imgsz, ours.imgsz)
     with torch.no_grad():  # ours: a (1, 64 + nc, h, w) map per level; theirs: {"boxes": (1, 64, A), "scores": ...}
-        expected, got = torch.cat([m.flatten(2) for m in ours(x)[1]], 2), theirs(x)[1]
+        # the raw maps of each level (box bins, then class logits), as theirs answers them
+        expected, got = torch.cat([m.flatten(2) for m in ours(x, mode="maps")], 2), theirs(x)[1]
     got = torch.cat((got["boxes"], got["scores"]), 1)
     return theirs, (expected - got).abs().max().item(), ours.imgsz
 

@@ -41,12 +41,11 @@ def ours_raw(weights, inputs, out):
     from models.weights import model_from_checkpoint
 
     model, x, result = model_from_checkpoint(weights).float(), torch.load(inputs, weights_only=True), {}
-    model.head.return_maps = True
     for layout in ("channels_last", "contiguous"):
         if layout == "contiguous":
             model.to(memory_format=torch.contiguous_format)
         with torch.no_grad():
-            result[f"decoded_{layout}"], maps = model(x)
+            result[f"decoded_{layout}"], maps = model(x), model(x, mode="maps")
         branches = [maps["one2many"], maps["one2one"]] if model.end2end else [maps]
         result[f"raw_{layout}"] = torch.cat([torch.cat([m.flatten(2) for m in b], 2) for b in branches], 1)
     torch.save(result, out)

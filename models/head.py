@@ -8,7 +8,6 @@ import torch
 import torch.nn as nn
 
 from models.blocks import Conv
-from utils.assigner import DualAssignment
 from utils.boxes import dfl_decode, distances_to_boxes, make_anchors, top_detections, top_pairs
 
 STRIDES = (8, 16, 32)
@@ -35,22 +34,18 @@ class Detect(nn.Module):
     reg_max=1 (YOLO26): no DFL, the box branch predicts the 4 distances directly.
     end2end (YOLO26, 11n-e2e): a second copy of both branches, the one-to-one head, trained with one positive anchor
     per object on features detached from the network (so its loss does not reshape them; see detach_one2one); in eval
-    it alone answers, and its top max_det (anchor, class) scores are the final detections: no NMS. Setting
-    `end2end = False` on such a head makes eval answer with the one-to-many branch instead, per anchor, for NMS
-    (val.py / detect.py --nms).
+    it alone answers, and its top max_det (anchor, class) scores are the final detections: no NMS. forward's mode
+    "per_anchor" makes eval answer with the one-to-many branch instead, for NMS (val.py / detect.py --nms).
     """
 
     max_det = 300  # end2end: detections per image
     # YOLO26 / YOLOv10: the one-to-one head learns on detached features, so that its one-positive-per-object loss
     # does not reshape the network the one-to-many head trains. False (11n-e2e): its gradient reaches the network too.
     detach_one2one = True
-    # how the loss picks the one-to-one branch's positives (utils/assigner.py; 11n-e2e has its own)
-    assignment = DualAssignment()
 
     def __init__(self, nc, channels, reg_max=16, light_cls=False, cls_width=0, end2end=False, box_width=0):
         super().__init__()
-        # one_to_one: the architecture (the loss trains both branches); end2end: which one answers in eval
-        self.nc, self.reg_max, self.one_to_one, self.end2end = nc, reg_max, end2end, end2end
+        self.nc, self.reg_max, self.one_to_one = nc, reg_max, end2end  # one_to_one: the NMS-free branch is built
         self.strides = STRIDES
         box_hidden = box_width or max(16, channels[0] // 4, reg_max * 4)
         cls_hidden = cls_width or max(channels[0], min(nc, 100))
@@ -70,22 +65,43 @@ class Detect(nn.Module):
                 nn.init.constant_(box[-1].bias, 1.0 if box[-1].out_channels > 4 else 2.0)
                 nn.init.constant_(cls[-1].bias, math.log(5 / self.nc / (imgsz / s) ** 2))
 
-    return_maps = False  # eval mode: also return the raw maps (the per-epoch validation loss, no second forward)
+    def forward(self, feats, mode=None):
+        """mode: "maps", the raw maps of each level (a dict of both branches' with a one-to-one head), what the loss
+        takes; "end2end", the one-to-one head's final detections (batch, max_det, 6), no NMS; "per_anchor", the
+        one-to-many branch decoded (batch, anchors, 4 + nc), for NMS; "one2one_per_anchor", the one-to-one head
+        decoded per anchor, whose best max_det are end2end's (for runtimes without TopK); None: "maps" in training,
+        else end2end with a one-to-one head and per_anchor without. Each mode runs only the branches it returns."""
+        mode = mode or ("maps" if self.training else self.eval_mode)
+        if mode == "maps":
+            return self.maps(feats)
+        if mode in ("end2end", "one2one_per_anchor"):
+            if not self.one_to_one:
+                raise ValueError("this model has no one-to-one head (only YOLO26 has): it always needs NMS")
+            one2one = self.branch(feats, self.one2one_box, self.one2one_cls)
+            return self.answer(one2one) if mode == "end2end" else self.decode(one2one)
+        if mode == "per_anchor":
+            return self.decode(self.branch(feats, self.box, self.cls))
+        raise ValueError(f"mode must be one of maps, end2end, per_anchor, one2one_per_anchor or None, got {mode!r}")
 
-    def forward(self, feats):
-        both = self.training or self.return_maps  # else eval runs only the branch that answers
-        maps = self.branch(feats, self.box, self.cls) if both or not self.end2end else None
-        if self.one_to_one:
-            o2o_feats = [x.detach() for x in feats] if self.training and self.detach_one2one else feats
-            one2one = self.branch(o2o_feats, self.one2one_box, self.one2one_cls) if both or self.end2end else None
-            maps = {"one2many": maps, "one2one": one2one}
-        if self.training:
+    @property
+    def eval_mode(self):
+        """The mode eval answers in when none is given: end2end where there is a one-to-one head."""
+        return "end2end" if self.one_to_one else "per_anchor"
+
+    def maps(self, feats):
+        """The raw maps of every branch; the one-to-one branch learns on detached features (see detach_one2one)."""
+        maps = self.branch(feats, self.box, self.cls)
+        if not self.one_to_one:
             return maps
-        if self.end2end:
-            out = self.answer(maps["one2one"])
-        else:
-            out = self.decode(maps["one2many"] if self.one_to_one else maps)
-        return (out, maps) if self.return_maps else out
+        o2o_feats = [x.detach() for x in feats] if self.training and self.detach_one2one else feats
+        return {"one2many": maps, "one2one": self.branch(o2o_feats, self.one2one_box, self.one2one_cls)}
+
+    def from_maps(self, maps, mode):
+        """The answer of `mode` ("end2end" or "per_anchor", see forward) from the raw maps of mode "maps", so that
+        one forward gives both (the per-epoch validation loss and its detections)."""
+        if mode == "end2end":
+            return self.answer(maps["one2one"])
+        return self.decode(maps["one2many"] if self.one_to_one else maps)
 
     @staticmethod
     def branch(feats, boxes, classes):
@@ -97,8 +113,8 @@ class Detect(nn.Module):
 
     def fix_anchors(self, h, w):
         """Hold the anchor grid of an h x w input as constants, for an exporter that traces at that one size
-        (utils/export/writers.py, LiteRT): computed in the graph, the grid cost the n model's LiteRT file 1-3% at
-        320 px (bench/RESULTS.md). make_anchors reads only the maps' sizes, so empty maps of those sizes give it."""
+        (utils/export/writers.py, LiteRT), since a grid computed in the graph slows that file
+        (bench/RESULTS.md#deploy-export-formats-int8-the-accuracy-gate). make_anchors reads only the maps' sizes."""
         sizes = [torch.empty(0, 0, h // s, w // s, device=self.bins.device) for s in self.strides]
         self.fixed_anchors = make_anchors(sizes, self.strides)
 
@@ -117,17 +133,16 @@ class Detect(nn.Module):
     def decode(self, maps):
         """Raw maps -> (batch, anchors, 4 + nc): xyxy boxes in input pixels and class probabilities.
         Always float32, also for a half model (val.py --half, export.py --half) or inside autocast (the
-        per-epoch metric): fp16 holds pixel coordinates above 512 only to 0.5 px (above 1024 to 1 px), and
-        its DFL expectation is up to ~0.01 cell off (0.27 px at stride 32), so fp16 boxes were up to 0.5 px
-        off at 640 and 0.7 px at 1280, enough to move a match across the high IoU thresholds of mAP50-95."""
+        per-epoch metric): fp16's coarse pixel coordinates and DFL expectation move boxes enough to cross the high
+        IoU thresholds of mAP50-95."""
         with torch.autocast(maps[0].device.type, enabled=False):  # autocast would run the DFL matmul in fp16
             anchors, strides, distri, logits = self.split(maps)
             return torch.cat((self.boxes(distri, anchors, strides), logits.sigmoid()), 2)
 
     def answer(self, maps):
         """The one-to-one head's raw maps -> its final detections (see top_detections), decoding only the boxes of
-        the detections kept: top_detections(decode(maps)), without DFL's softmax over every anchor (8,400 at 640 px),
-        which cost an NMS-free graph with a DFL box branch more time than its convs did."""
+        the detections kept: top_detections(decode(maps)), without DFL's softmax over every anchor, which would cost
+        an NMS-free graph with a DFL box branch more time than its convs."""
         with torch.autocast(maps[0].device.type, enabled=False):
             anchors, strides, distri, logits = self.split(maps)
             anchor, score, cls = top_pairs(logits.sigmoid(), self.max_det)

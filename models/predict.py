@@ -2,8 +2,8 @@
 
     from models.predict import load, predict
 
-    model = load("runs/train/exp/weights/best.pt")  # or best.onnx, best.torchscript, best.tflite, best_openvino_model/
-    result = predict(model, "photo.jpg", conf=0.4)  # or a BGR array as cv2.imread gives, or a list of either
+    predictor = load("runs/train/exp/weights/best.pt")  # or best.onnx, .torchscript, .tflite, best_openvino_model/
+    result = predict(predictor, "photo.jpg", conf=0.4)  # or a BGR array as cv2.imread gives, or a list of either
     for box, score, name in zip(result.boxes, result.scores, result.names):
         print(name, round(float(score), 2), box.round(1))  # x1 y1 x2 y2 in the image's own pixels
 
@@ -40,8 +40,8 @@ class Detections(NamedTuple):
 
 def load(weights, device="cpu", half=False, nms=False):
     """A .pt checkpoint (ours or Ultralytics'), or an .onnx / .torchscript / .tflite file or an OpenVINO folder
-    (best_openvino_model/) from export.py -> the model dict of utils/inference.py (run, names, imgsz, stride,
-    dynamic, nms, ...) plus "weights", the path as given. half: a .pt runs in fp16 (on a GPU); an exported file
+    (best_openvino_model/) from export.py -> its Predictor (utils/inference.py: run, names, imgsz, stride,
+    dynamic, nms, ...), whose `weights` is the path as given. half: a .pt runs in fp16 (on a GPU); an exported file
     runs in the precision it was exported in. nms: a YOLO26 .pt answers with its one-to-many head, and NMS
     follows (Ultralytics' default for YOLO26), instead of its NMS-free head; no change for the other models.
     device: "cpu", "cuda", "cuda:1", "1" or a torch.device. A missing, broken or foreign file raises
@@ -50,80 +50,80 @@ def load(weights, device="cpu", half=False, nms=False):
     loaded = load_weights(weights, device)
     if loaded.checkpoint is not None:  # a .pt: its network, built
         network, train_args = loaded.model, loaded.train_args
-        if nms:
-            network.end2end = False
-        model = from_pytorch(network, device, half, train_args.get("data"), train_args.get("single_cls", False))
+        mode = "per_anchor" if nms else None  # YOLO26: its one-to-many head, for NMS
+        data, single_cls = train_args.get("data"), train_args.get("single_cls", False)
+        predictor = from_pytorch(network, device, half, data, single_cls, mode)
     else:
-        model = loaded.model
-        if nms and model["end2end"]:
+        predictor = loaded.model
+        if nms and predictor.end2end:
             raise CheckpointError(
                 f"{weights} was exported end-to-end (YOLO26's NMS-free head only): it has no one-to-many head to "
                 "run NMS on; give the .pt, or a file exported with --nms"
             )
-    return {**model, "weights": str(weights)}
+    return predictor.replace(weights=str(weights))
 
 
-def inference_size(model, imgsz=None):
+def inference_size(predictor, imgsz=None):
     """The (h, w) the network runs at, and a sentence when that is not the size asked for (else None).
     imgsz: one size, or [size], or (h, w); None or 0 take the model's own. A file exported without
     --dynamic only runs at its own size, and any size is rounded up to a multiple of the stride."""
     sizes = [imgsz or 0] if imgsz is None or isinstance(imgsz, int) else list(imgsz)
-    size = tuple(s or m for s, m in zip((sizes * 2)[:2], model["imgsz"]))
+    size = tuple(s or m for s, m in zip((sizes * 2)[:2], predictor.imgsz))
     note = None
-    if not model["dynamic"] and size != tuple(model["imgsz"]):
-        h, w = model["imgsz"]
-        note = f"{model['weights']} was exported for {h}x{w} only (export with --dynamic for other sizes); using that"
+    if not predictor.dynamic and size != tuple(predictor.imgsz):
+        h, w = predictor.imgsz
+        note = f"{predictor.weights} was exported for {h}x{w} only (export with --dynamic for other sizes); using that"
         size = (h, w)
-    stride = model["stride"]
+    stride = predictor.stride
     return tuple(-(-s // stride) * stride for s in size), note
 
 
-def nms_note(model, conf, iou):
+def nms_note(predictor, conf, iou):
     """A sentence when the thresholds asked for cannot apply because NMS is inside the exported graph, else None."""
-    nms = model["nms"]
+    nms = predictor.nms
     if nms and (conf < nms["conf"] or iou != nms["iou"]):
         return (
-            f"NMS is inside {model['weights']} with conf {nms['conf']} and iou {nms['iou']}; "
+            f"NMS is inside {predictor.weights} with conf {nms['conf']} and iou {nms['iou']}; "
             "conf can only raise it, iou is ignored"
         )
     return None
 
 
-def detect_image(model, img_rgb, imgsz, conf=0.25, iou=0.7, classes=None, max_det=300):
+def detect_image(predictor, img_rgb, imgsz, conf=0.25, iou=0.7, classes=None, max_det=300):
     """uint8 RGB (h, w, 3) -> (k, 6) CPU tensor x1 y1 x2 y2 score class in the image's pixels, and the
     seconds spent in preprocessing, the model and NMS. imgsz: (h, w) from inference_size."""
     t0 = time.perf_counter()
     x, ratio, pad = preprocess(img_rgb, imgsz)
     t1 = time.perf_counter()
-    output = model["run"](x)
+    output = predictor.run(x)
     if output.is_cuda:  # CUDA runs asynchronously: wait, or its time would be counted as NMS time
         torch.cuda.synchronize()
     t2 = time.perf_counter()
-    dets = postprocess(output, model, conf, iou, classes, max_det)[0].cpu()
+    dets = postprocess(output, predictor, conf, iou, classes, max_det)[0].cpu()
     dets[:, :4] = scale_boxes_to_original(dets[:, :4], ratio, pad, img_rgb.shape[:2])
     return dets, (t1 - t0, t2 - t1, time.perf_counter() - t2)
 
 
-def predict(model, source, conf=0.25, iou=0.7, imgsz=None, classes=None, max_det=300, rgb=False):
+def predict(predictor, source, conf=0.25, iou=0.7, imgsz=None, classes=None, max_det=300, rgb=False):
     """Detections (see the class) for one image, or a list of them for a list of images.
 
     source: a path (str or Path) to an image file, or a uint8 (H, W, 3) numpy array in BGR order, as
     cv2.imread and cv2.VideoCapture give it (rgb=True: in RGB order, as PIL gives it), or a list of these.
-    model: from load. conf, iou, classes (class indices to keep), max_det: as detect.py's flags; imgsz: as
+    predictor: from load. conf, iou, classes (class indices to keep), max_det: as detect.py's flags; imgsz: as
     inference_size's, None = the model's own. A path that does not exist or holds no readable image raises
     OSError (FileNotFoundError if missing) in one sentence that names it; an array of another shape or type,
     ValueError."""
-    size, note = inference_size(model, imgsz)
-    for sentence in (note, nms_note(model, conf, iou)):
+    size, note = inference_size(predictor, imgsz)
+    for sentence in (note, nms_note(predictor, conf, iou)):
         if sentence:
             warnings.warn(sentence, stacklevel=2)
     images = source if isinstance(source, (list, tuple)) else [source]
     results = []
     for image in images:
-        dets = detect_image(model, rgb_image(image, rgb), size, conf, iou, classes, max_det)[0].numpy()
+        dets = detect_image(predictor, rgb_image(image, rgb), size, conf, iou, classes, max_det)[0].numpy()
         ids = dets[:, 5].astype(np.int64)
         boxes, scores = np.ascontiguousarray(dets[:, :4]), np.ascontiguousarray(dets[:, 4])
-        results.append(Detections(boxes, scores, ids, [model["names"][c] for c in ids]))
+        results.append(Detections(boxes, scores, ids, [predictor.names[c] for c in ids]))
     return results if isinstance(source, (list, tuple)) else results[0]
 
 

@@ -25,10 +25,10 @@ def file_sha256(path):
 def load_teacher(path, names, imgsz, device, dtype=None, resumed=None):
     """--teacher: (the network, its record for last.pt {"path", "sha256", "scale"}), or (None, None) without one.
     The network: fused, eval, no parameter requiring a gradient, in `dtype` where given (the run's AMP dtype: the
-    teacher's forward then costs what the student's does under autocast, without casting its weights each step), its
-    head answering with its raw maps too (head.return_maps). `names`, `imgsz`: the run's; another list of classes or
-    another image size is refused. `resumed`: the record of the last.pt a run resumes, whose file must be unchanged.
-    ValueError: one sentence naming --teacher and the file."""
+    teacher's forward then costs what the student's does under autocast, without casting its weights each step).
+    train.py calls it with mode "maps" (Detect.forward), whose class logits the loss compares. `names`, `imgsz`: the
+    run's; another list of classes or another image size is refused. `resumed`: the record of the last.pt a run
+    resumes, whose file must be unchanged. ValueError: one sentence naming --teacher and the file."""
     if not path:
         return None, None
     exported = format_of(path)
@@ -62,7 +62,6 @@ def load_teacher(path, names, imgsz, device, dtype=None, resumed=None):
             f"at another size teach the wrong sizes; give --imgsz {ckpt['imgsz']} or a teacher trained at {imgsz}"
         )
     teacher = loaded.model.requires_grad_(False).eval()
-    teacher.head.return_maps = True  # eval answers (detections, raw maps): the loss reads the maps' class logits
     if dtype is not None:
         teacher.to(dtype)
     return teacher, {"path": str(path), "sha256": sha256, "scale": ckpt["scale"]}

@@ -5,7 +5,7 @@ models/predict.py load weights.
 
     loaded = load_weights("best.pt")  # or yolo11n.pt (Ultralytics'), best.onnx, best_openvino_model/, ...
     loaded.kind   # "ours", "ultralytics", or the export format's name (utils/export/formats.py): "onnx", ...
-    loaded.model  # a .pt: the YOLO network (eval, fused); an exported file: utils.inference's model dict
+    loaded.model  # a .pt: the YOLO network (eval, fused); an exported file: its utils.inference.Predictor
 
 The path goes down once: load_weights -> utils/checkpoints/ours.py read_checkpoint, which opens and reads the file
 once (torch.load(weights_only=True); Ultralytics' pickled objects through utils/checkpoints/safe_unpickle.py, then
@@ -37,8 +37,8 @@ from utils.inference import load_exported
 class Weights(NamedTuple):
     """What a weights file turned out to be (kind), and what load_weights built from it.
     checkpoint: a .pt's contents (utils/checkpoints/ours.py: scale, nc, names, imgsz, model, args, ...); None for an
-    exported file. model: a .pt's network (models.yolo.YOLO in eval, Conv+BN fused), or the dict of
-    utils.inference.load_exported for an exported file; None when load_weights was asked not to build."""
+    exported file. model: a .pt's network (models.yolo.YOLO in eval, Conv+BN fused), or the Predictor
+    of utils.inference.load_exported for an exported file; None when load_weights was asked not to build."""
 
     kind: str
     checkpoint: dict | None

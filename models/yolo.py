@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from models.blocks import C2PSA, SPPF, C2f, C3k2, Conv
 from models.head import Detect
-from utils.assigner import E2E_ASSIGNMENT
+from utils.assigner import E2E_ASSIGNMENT, DualAssignment
 
 # model name: (depth multiple, width multiple, max channels), the values users of Ultralytics know.
 # n..x are YOLOv8 (this repo's models since its start), 11n..11x are YOLO11, 26n..26x are YOLO26.
@@ -46,10 +46,15 @@ SCALES = {
 
 # NMS-free YOLO11 (docs/yolo26.md): YOLO11n's network under YOLO26's two heads, each with a DFL box branch of 32
 # channels (half 11n's); the one-to-one loss trains the network too, and picks each object's positive on the one level
-# its size picks, led by the score (utils/assigner.py E2E_ASSIGNMENT). Name: the network it keeps.
+# its size picks, led by the score (assignment_of). Name: the network it keeps.
 E2E = {"11n-e2e": "11n"}
 RENAMED = {"11n-d32-stable": "11n-e2e"}  # checkpoints written under an earlier name
 MODELS = [*SCALES, *E2E]  # every name --model takes
+
+
+def assignment_of(scale):
+    """The rule by which the loss picks the one-to-one branch's positives when the model `scale` trains."""
+    return E2E_ASSIGNMENT if RENAMED.get(scale, scale) in E2E else DualAssignment()
 
 
 @contextlib.contextmanager
@@ -122,7 +127,7 @@ class YOLO(nn.Module):
             reg_max = reg_max or (1 if yolo26 else 16)
             self.head = Detect(nc, (c3, c4, c5), reg_max, True, cls_width, end2end, box_width=32 if e2e else 0)
             if e2e:
-                self.head.detach_one2one, self.head.assignment = False, E2E_ASSIGNMENT
+                self.head.detach_one2one = False
         else:
             n3, n6 = max(round(3 * depth), 1), max(round(6 * depth), 1)
             # backbone
@@ -144,16 +149,10 @@ class YOLO(nn.Module):
 
     @property
     def end2end(self):
-        """YOLO26: eval returns the final detections (batch, max_det, 6) of the one-to-one head; nothing downstream
-        runs NMS on them (val.py, detect.py, export.py ask this attribute, exported files their metadata)."""
-        return self.head.end2end
-
-    @end2end.setter
-    def end2end(self, value):
-        # False: the one-to-many branch answers, per anchor, and NMS follows (Ultralytics' nms=None on YOLO26)
-        if value and not self.head.one_to_one:
-            raise ValueError("this model has no one-to-one head (only YOLO26 has): it always needs NMS")
-        self.head.end2end = bool(value)
+        """YOLO26: eval returns, unless a mode says otherwise, the final detections (batch, max_det, 6) of the
+        one-to-one head; nothing downstream runs NMS on them (val.py, detect.py, export.py ask this attribute,
+        exported files their metadata). mode "per_anchor" (Detect.forward) answers for NMS instead."""
+        return self.head.one_to_one
 
     def _run(self, block, x):
         if self.checkpoint_activations and self.training and torch.is_grad_enabled():
@@ -163,7 +162,8 @@ class YOLO(nn.Module):
             return checkpoint(block, x, use_reentrant=False, context_fn=contexts)
         return block(x)
 
-    def forward(self, x):
+    def forward(self, x, mode=None):
+        """mode: what the head answers (Detect.forward: maps, end2end, per_anchor; None: training's or eval's own)."""
         run = self._run
         x = self.stem(x)
         x = run(self.stage2, self.down2(x))
@@ -174,7 +174,7 @@ class YOLO(nn.Module):
         t3 = run(self.top3, torch.cat((self.up(t4), p3), 1))
         b4 = run(self.bottom4, torch.cat((self.down_p3(t3), t4), 1))
         b5 = run(self.bottom5, torch.cat((self.down_p4(b4), p5), 1))
-        return self.head([t3, b4, b5])
+        return self.head([t3, b4, b5], mode)
 
     @torch.no_grad()
     def fuse(self):

@@ -85,11 +85,11 @@ def batch_of(seeds, h, w):
 def assert_gives_the_final_detections(weights, model):
     """An exported end-to-end model (load_exported's dict of YOLO26's file) gives the .pt's final detections on a
     96 px scene: scores best first within 1e-4, each detection above CONF matched to the .pt's, boxes within 0.01 px."""
-    assert model["end2end"] and model["nms"] is None
+    assert model.end2end and model.nms is None
     x = batch_of([3], 96, 96)
     with torch.no_grad():
         ours = pytorch_model(weights)(x)
-    theirs = model["run"](x)
+    theirs = model.run(x)
     assert theirs.shape == ours.shape == (1, 189, 6)
     assert torch.allclose(theirs[..., 4], ours[..., 4], atol=1e-4)  # scores, best first
     detections = postprocess(theirs, model, CONF)[0]

@@ -91,7 +91,7 @@ def watch_training(monkeypatch, gpu):
     seen = types.SimpleNamespace(forwards=[], syncs_after_step=[])
     forward, step = YOLO.forward, utils.optim.optimizer_step
 
-    def watched_forward(self, x):
+    def watched_forward(self, x, mode=None):
         if self.training:
             seen.forwards.append(
                 dict(
@@ -102,7 +102,7 @@ def watch_training(monkeypatch, gpu):
                     autocast=torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda"),
                 )
             )
-        return forward(self, x)
+        return forward(self, x, mode)
 
     def watched_step(*args, **kwargs):
         stepped = step(*args, **kwargs)

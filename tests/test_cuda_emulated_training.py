@@ -137,11 +137,11 @@ def test_a_teacher_runs_on_the_gpu_in_the_amp_dtype_beside_the_student(emulated_
     without_host_only_work(monkeypatch)
     teacher_runs, forward = [], YOLO.forward
 
-    def watched_teacher(self, x):
+    def watched_teacher(self, x, mode=None):
         parameter = next(self.parameters())
         if not self.training and parameter.dtype == torch.bfloat16:  # the EMA that validates is fp32
             teacher_runs.append((parameter.device, x.device, x.dtype, torch.is_grad_enabled(), x.shape[0]))
-        return forward(self, x)
+        return forward(self, x, mode)
 
     monkeypatch.setattr(YOLO, "forward", watched_teacher)
     seen = watch_training(monkeypatch, emulated_gpu)  # the student's forwards, around the teacher's watch

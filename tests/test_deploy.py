@@ -139,7 +139,7 @@ def test_benchmark_times_every_format_again_at_each_latency_size(trained, tmp_pa
     for key, name in files.items():
         assert len(latency[key]) == 2 and all(ms > 0 for ms, _ in latency[key]), (key, printed)
         exported = load_exported(weights.parent / "best_benchmark" / "96px" / name)  # its own file, at 96 px
-        assert tuple(exported["imgsz"]) == (96, 96), key
+        assert tuple(exported.imgsz) == (96, 96), key
     with pytest.raises(SystemExit, match="--latency-imgsz 100: each size must be a positive multiple of the stride"):
         export.main([*command, "--latency-imgsz", "100"])
 
@@ -159,10 +159,10 @@ def test_metadata_round_trip(benchmark):
     folder, _ = benchmark
     for (backend, precision), name in FORMATS.items():
         model = load_exported(folder / name)
-        assert model["backend"] == backend
-        assert model["names"] == NAMES and model["imgsz"] == (64, 64) and model["stride"] == 32
-        assert model["int8"] == (precision == "int8") and model["half"] == (precision == "fp16")
-        assert model["data"].endswith("set.yaml") and model["dynamic"] is False and model["end2end"] is False
+        assert model.backend == backend
+        assert model.names == NAMES and model.imgsz == (64, 64) and model.stride == 32
+        assert model.int8 == (precision == "int8") and model.half == (precision == "fp16")
+        assert model.data.endswith("set.yaml") and model.dynamic is False and model.end2end is False
     xml = folder / "best_openvino_model" / "best.xml"  # in the IR itself, not in a file beside it
     assert "yolo_flat" in xml.read_text() and sorted(p.name for p in xml.parent.iterdir()) == ["best.bin", "best.xml"]
 

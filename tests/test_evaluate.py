@@ -91,7 +91,8 @@ def test_validation_loss_comes_from_the_same_forward_as_the_detections(tmp_path)
     forwards = []
     model.register_forward_hook(lambda module, inputs, output: forwards.append(len(inputs[0])))
     metrics = epoch_metrics(model, loader, 6, torch.device("cpu"), loss_fn=loss_fn)
-    assert forwards == [2, 2] and not model.head.return_maps  # one forward per batch
+    assert forwards == [2, 2]  # one forward per batch
+    assert model(torch.zeros(1, 3, 64, 64)).shape == (1, 84, 4 + 6)  # and eval answers as before, per anchor
     expected = []
     with torch.no_grad():
         for images, targets, _ in loader:

@@ -32,7 +32,7 @@ def test_every_format_comes_from_one_table(tmp_path, monkeypatch):
 
     def load_npz(path, device):
         opened.append(path)
-        return {"names": ["a"], "run": None}
+        return {"names": ["a"], "run": None, "imgsz": (64, 64), "stride": 32}
 
     new = export_formats.ExportFormat("npz", "NumPy", "NumPy", ".npz", write=print, load=load_npz, options=("half",))
     new = dataclasses.replace(new, benchmark=("fp32", "fp16"), refusal="is a test row")
@@ -47,7 +47,7 @@ def test_every_format_comes_from_one_table(tmp_path, monkeypatch):
     path = tmp_path / "best.npz"
     path.write_bytes(b"")
     model = load_exported(path)
-    assert opened == [path] and model["backend"] == "NumPy" and model["names"] == ["a"]
+    assert opened == [path] and model.backend == "NumPy" and model.names == ["a"]
     other = tmp_path / "best.h5"
     other.write_bytes(b"")
     with pytest.raises(CheckpointError, match=r"must be a \.pt checkpoint, an \.onnx, .* or \.npz file or an Open"):

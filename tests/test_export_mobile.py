@@ -49,14 +49,14 @@ def exported(tmp_path_factory):
 def test_phone_formats_give_pytorchs_outputs_and_carry_their_metadata(exported, name):
     weights = exported["n"]
     model = load_exported(weights.parent / FILES[name])
-    assert model["backend"] == export_formats.by_name(name).runtime
-    assert model["names"] == NAMES and model["imgsz"] == (64, 64) and model["stride"] == 32 and not model["end2end"]
+    assert model.backend == export_formats.by_name(name).runtime
+    assert model.names == NAMES and model.imgsz == (64, 64) and model.stride == 32 and not model.end2end
     x = batch_of([3, 4], 64, 64)  # two images through a file exported for one
     with torch.no_grad():
         ours = pytorch_model(weights)(x)
-    theirs = model["run"](x)
+    theirs = model.run(x)
     assert theirs.shape == ours.shape == (2, 84, 7) and torch.allclose(theirs, ours, rtol=1e-3, atol=1e-3)
-    assert load(weights.parent / FILES[name])["backend"] == model["backend"]  # predict() and val.py's entry
+    assert load(weights.parent / FILES[name]).backend == model.backend  # predict() and val.py's entry
     if name == "ncnn":  # DFL's expectation as a weighted sum: NCNN's MatMul ran the model ~25% slower
         assert "MatMul" not in (weights.parent / FILES[name] / "best.param").read_text()
 
@@ -79,7 +79,7 @@ def test_half_stores_fp16_weights_and_keeps_the_detections(exported, tmp_path, n
     half, full = export_formats.output_path(weights, row, "fp16"), exported["n"].parent / FILES[name]
     half = half if name == "mnn" else half.parent
     assert export_formats.file_size(half) < 0.6 * export_formats.file_size(full)
-    assert load_exported(half)["half"]
+    assert load_exported(half).half
     with pytest.raises(SystemExit, match=f"^error: --{name} exports the network at a fixed size .*leave out --int8"):
         export.main(["--weights", str(weights), f"--{name}", "--int8"])
 
@@ -161,7 +161,7 @@ def test_a_crashing_converter_and_truncated_files_are_one_sentence(exported, tmp
         truncated = tmp_path / good.name
         truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 3])
         with pytest.raises(CheckpointError, match=rf"^{truncated}"):
-            load_exported(truncated)["run"](batch_of([3], 64, 64))
+            load_exported(truncated).run(batch_of([3], 64, 64))
     folder = tmp_path / "best_ncnn_model"
     folder.mkdir()
     (folder / "best.param").write_text("7767517\n1 1\nNoSuchLayer x 0 1 in0\n")

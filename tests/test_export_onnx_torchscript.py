@@ -56,15 +56,12 @@ def test_exported_file_matches_pytorch(exported, suffix):
     path = exported.with_suffix(suffix)
     model, other = pytorch_model(exported), load_exported(path)
     assert (
-        other["names"] == ["ring", "box", "blob"]
-        and other["imgsz"] == (64, 64)
-        and other["stride"] == 32
-        and other["nms"] is None
+        other.names == ["ring", "box", "blob"] and other.imgsz == (64, 64) and other.stride == 32 and other.nms is None
     )
     x = batch_of([2], 64, 64)  # an image the check in export.py did not see
     with torch.no_grad():
         raw = model(x)
-    theirs = other["run"](x)
+    theirs = other.run(x)
     assert theirs.shape == raw.shape and torch.allclose(theirs, raw, rtol=1e-4, atol=1e-3)
     reference, detections = non_max_suppression(raw, CONF)[0], non_max_suppression(theirs, CONF)[0]
     assert len(reference) >= 5, "the test model should produce detections, else the comparison means nothing"
@@ -118,7 +115,7 @@ def test_nms_graph_matches_python_nms_with_dynamic_shapes(exported, tmp_path):
         x = batch_of(seeds, h, w)
         with torch.no_grad():
             reference = non_max_suppression(model(x), CONF, max_det=max_det)
-        out = other["run"](x)
+        out = other.run(x)
         assert out.shape == (len(seeds), max_det, 6)
         for ref, rows in zip(reference, out):
             found = rows[rows[:, 4] > 0]
@@ -127,7 +124,7 @@ def test_nms_graph_matches_python_nms_with_dynamic_shapes(exported, tmp_path):
             assert unmatched == 0 and boxes < 1e-2 and scores < 1e-4  # boxes reach ~200 px
     # No box above the threshold at all: an empty selection must run, not crash.
     export.main(["--weights", str(weights), "--onnx", "--nms", "--dynamic", "--conf", "0.9999", "--runs", "1"])
-    assert (load_exported(weights.with_suffix(".onnx"))["run"](batch_of([7, 8], 64, 96)) == 0).all()
+    assert (load_exported(weights.with_suffix(".onnx")).run(batch_of([7, 8], 64, 96)) == 0).all()
 
 
 def test_dynamic_at_two_sizes_and_batches(exported, tmp_path):
@@ -141,7 +138,7 @@ def test_dynamic_at_two_sizes_and_batches(exported, tmp_path):
             x = batch_of(seeds, h, w)
             with torch.no_grad():
                 raw = model(x)
-            theirs = other["run"](x)
+            theirs = other.run(x)
             assert theirs.shape == raw.shape and torch.allclose(theirs, raw, rtol=1e-4, atol=1e-3)
 
 
@@ -160,14 +157,14 @@ def test_half_export_on_the_cpu_runs_in_onnx_runtime_and_matches_pytorch(exporte
     assert graph.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
     assert graph.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     other = load_exported(weights.with_suffix(".onnx"))
-    assert other["half"] and other["dynamic"]
+    assert other.half and other.dynamic
     model = pytorch_model(weights)
     half = pytorch_model(weights).half()
     for seeds, h, w in [([1, 2, 3, 4], 64, 64), ([3, 5], 96, 128)]:
         x = batch_of(seeds, h, w)
         with torch.no_grad():
             reference, in_half = model(x), half(x.half())
-        theirs = other["run"](x)
+        theirs = other.run(x)
         assert theirs.dtype == torch.float32 and theirs.shape == reference.shape
         # This random network amplifies fp16 rounding (relative error 6e-4 after the stem, 1e-2 after SPPF), on
         # some images up to whole DFL bins: the file is held to the accuracy of PyTorch's own fp16 model.
@@ -185,8 +182,8 @@ def test_disagreement_exits_non_zero(exported, tmp_path, monkeypatch):
 
     def off_by_a_pixel(path, device):
         model = real(path, device)
-        run = model["run"]
-        return {**model, "run": lambda x: run(x) + 1.0}
+        run = model.run
+        return model.replace(run=lambda x: run(x) + 1.0)
 
     monkeypatch.setattr(export, "load_exported", off_by_a_pixel)
     with pytest.raises(SystemExit, match="disagree"):
@@ -275,10 +272,10 @@ assert kept(), "subnormals_flushed left the thread flushing"
 onnx_model = load_exported({str(exported.with_suffix(".onnx"))!r})
 seen = []
 torch.set_flush_denormal = lambda on, real=torch.set_flush_denormal: seen.append(on) or real(on)
-onnx_model["run"](batch_of([2], 64, 64))
+onnx_model.run(batch_of([2], 64, 64))
 assert seen == [True, False] and kept(), f"running a .onnx set the flag {{seen}}, not on then back off"
 with subnormals_flushed():
-    onnx_model["run"](batch_of([2], 64, 64))
+    onnx_model.run(batch_of([2], 64, 64))
     assert not kept(), "running a .onnx turned off a flag that was on before it"
 """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}

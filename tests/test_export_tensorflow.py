@@ -57,16 +57,16 @@ def exported(tmp_path_factory):
 def test_both_give_pytorchs_outputs_and_carry_their_metadata(exported, name):
     weights, _, _ = exported
     model = load_exported(weights.parent / FILES[name])
-    assert model["backend"] == export_formats.by_name(name).runtime
-    assert model["names"] == NAMES and model["imgsz"] == (64, 64) and model["stride"] == 32 and not model["end2end"]
-    assert model["data"].endswith("set.yaml") and not (model["half"] or model["int8"] or model["dynamic"])
-    assert model["input_shapes"] == [[1, 3, 64, 64]]  # NCHW, as every format takes it
+    assert model.backend == export_formats.by_name(name).runtime
+    assert model.names == NAMES and model.imgsz == (64, 64) and model.stride == 32 and not model.end2end
+    assert model.data.endswith("set.yaml") and not (model.half or model.int8 or model.dynamic)
+    assert model.metadata["input_shapes"] == [[1, 3, 64, 64]]  # NCHW, as every format takes it
     x = batch_of([3, 4], 64, 64)  # two images through a file exported for one
     with torch.no_grad():
         ours = pytorch_model(weights)(x)
-    theirs = model["run"](x)
+    theirs = model.run(x)
     assert theirs.shape == ours.shape == (2, 84, 7) and torch.allclose(theirs, ours, rtol=1e-3, atol=1e-3)
-    assert load(weights.parent / FILES[name])["backend"] == model["backend"]  # predict() and val.py's entry
+    assert load(weights.parent / FILES[name]).backend == model.backend  # predict() and val.py's entry
 
 
 def test_the_saved_model_takes_nchw_images_and_is_found_by_its_pb_too(exported):
@@ -83,7 +83,7 @@ def test_the_saved_model_takes_nchw_images_and_is_found_by_its_pb_too(exported):
     ]
     assert export_formats.format_of(folder / "saved_model.pb").name == "saved_model"
     assert export_formats.format_of(exported[0].parent / "best.pb").name == "pb"
-    assert load_exported(folder / "saved_model.pb")["backend"] == "TF SavedModel"
+    assert load_exported(folder / "saved_model.pb").backend == "TF SavedModel"
 
 
 def test_the_gate_scored_both_within_its_tolerance(exported):
@@ -120,7 +120,7 @@ def test_val_py_and_predict_run_them_with_no_flag(exported, tmp_path):
 def test_yolo26_end_to_end_runs_its_topk_inside_both(exported, name):
     e2e = exported[1]
     model = load_exported(e2e.parent / FILES[name])
-    assert "topk_outside" not in model
+    assert "topk_outside" not in model.metadata
     assert_gives_the_final_detections(e2e, model)
 
 

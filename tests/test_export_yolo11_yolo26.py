@@ -27,7 +27,7 @@ def test_yolo11_with_its_attention_stage_exports_to_onnx(tmp_path):
     x = batch_of([3], 64, 64)
     with torch.no_grad():
         raw = pytorch_model(weights)(x)
-    theirs = load_exported(weights.with_suffix(".onnx"))["run"](x)
+    theirs = load_exported(weights.with_suffix(".onnx")).run(x)
     assert theirs.shape == raw.shape and torch.allclose(theirs, raw, rtol=1e-4, atol=1e-3)
 
 
@@ -37,14 +37,13 @@ def test_yolo26_graph_outputs_its_final_detections_without_nms(tmp_path):
     # --nms: the one-to-many head and NMS in the graph, checked against PyTorch's one-to-many head + NMS
     export.main(["--weights", str(weights), "--onnx", "--nms", "--runs", "1", "--conf", str(CONF)])
     with_nms = load_exported(path)
-    assert not with_nms["end2end"] and with_nms["nms"] is not None
+    assert not with_nms.end2end and with_nms.nms is not None
     assert "NonMaxSuppression" in {n.op_type for n in onnx.load(str(path)).graph.node}
     network = pytorch_model(weights)
-    network.end2end = False
     x = batch_of([3], 160, 160)
     with torch.no_grad():
-        expected = non_max_suppression(network(x), CONF, 0.7)[0]
-    got = postprocess(with_nms["run"](x), with_nms, CONF)[0]
+        expected = non_max_suppression(network(x, mode="per_anchor"), CONF, 0.7)[0]
+    got = postprocess(with_nms.run(x), with_nms, CONF)[0]
     assert len(expected) >= 5 and compare_detections(expected, got, CONF)[2] == 0
     export.main(["--weights", str(weights), "--onnx", "--runs", "1", "--conf", str(CONF)])  # exits if they disagree
     graph = onnx.load(str(path))
@@ -59,15 +58,15 @@ def test_yolo26_graph_outputs_its_final_detections_without_nms(tmp_path):
         export_writers.keep_float(n.name) for n in graph.graph.node if n.op_type == "TopK"
     )
     exported = load_exported(path)
-    assert exported["end2end"] and exported["nms"] is None
+    assert exported.end2end and exported.nms is None
     checkpoint = load(weights, nms=True)  # the .pt with --nms: per anchor, NMS after (postprocess asks end2end)
-    assert not checkpoint["end2end"] and checkpoint["run"](x).shape == (1, 525, 4 + 3)
+    assert not checkpoint.end2end and checkpoint.run(x).shape == (1, 525, 4 + 3)
     with pytest.raises(CheckpointError, match="best.onnx was exported end-to-end .* no one-to-many head"):
         load(path, nms=True)  # val.py / detect.py --nms: the graph has no other head to run
     x = batch_of([3], 160, 160)
     with torch.no_grad():
         ours = pytorch_model(weights)(x)
-    theirs = exported["run"](x)
+    theirs = exported.run(x)
     assert torch.allclose(theirs[..., 4], ours[..., 4], atol=1e-4)  # scores, best first
     detections = postprocess(theirs, exported, CONF)[0]  # no NMS: the rows above the threshold, as they come
     assert 5 <= len(detections) <= 300 and torch.equal(detections, theirs[0, : len(detections)])
@@ -83,8 +82,8 @@ def test_nms_free_model_with_dfl_exports_its_final_detections(tmp_path):
     exported, x = load_exported(weights.with_suffix(".onnx")), batch_of([3], 96, 96)
     with torch.no_grad():
         ours = pytorch_model(weights)(x)
-    theirs = exported["run"](x)
-    assert exported["end2end"] and theirs.shape == ours.shape == (1, 189, 6)
+    theirs = exported.run(x)
+    assert exported.end2end and theirs.shape == ours.shape == (1, 189, 6)
     boxes, scores, unmatched = compare_detections(
         ours[0][ours[0, :, 4] > CONF], postprocess(theirs, exported, CONF)[0], CONF
     )
@@ -101,12 +100,12 @@ def test_tflite_of_yolo26_gives_its_final_detections(tmp_path):
             export.main(["--weights", str(weights), "--tflite", refused])
     export.main(["--weights", str(weights), "--tflite", "--runs", "1", "--conf", str(CONF)])  # exits if they disagree
     exported = load_exported(weights.with_suffix(".tflite"))
-    assert exported["backend"] == "LiteRT" and exported["end2end"] and exported["imgsz"] == (96, 96)
-    assert exported["names"] == ["ring", "box", "blob"]
+    assert exported.backend == "LiteRT" and exported.end2end and exported.imgsz == (96, 96)
+    assert exported.names == ["ring", "box", "blob"]
     x = batch_of([3, 4], 96, 96)  # two images through a file exported for one: run in chunks
     with torch.no_grad():
         ours = pytorch_model(weights)(x)
-    theirs = exported["run"](x)
+    theirs = exported.run(x)
     assert theirs.shape == ours.shape == (2, 189, 6)  # 189 anchors at 96 px: all of them
     assert torch.allclose(theirs[..., 4], ours[..., 4], atol=1e-4)
     for a, b in zip(ours, postprocess(theirs, exported, CONF)):

@@ -70,7 +70,7 @@ def test_path_bgr_and_rgb_arrays_agree_with_detect_txt(weights, images, tmp_path
     assert len(from_path.scores) > 0
     for other in (from_bgr, from_rgb):
         assert all(np.array_equal(a, b) for a, b in zip(from_path[:3], other[:3])) and from_path.names == other.names
-    assert from_path.names == [model["names"][c] for c in from_path.classes]
+    assert from_path.names == [model.names[c] for c in from_path.classes]
 
     out = detect.main(
         [

@@ -21,7 +21,8 @@ from calibrated_model import make_checkpoint, scene
 
 import detect
 from models.predict import detect_image
-from utils.tiles import merge_tiles, tile_grid, tiled_model, tiling_error
+from utils.inference import Predictor
+from utils.tiles import merge_tiles, tile_grid, tiled_predictor, tiling_error
 
 REPO = Path(__file__).resolve().parents[1]
 TILE = 128
@@ -45,11 +46,7 @@ def fake_run(x):
     return out.to(x.device)
 
 
-FAKE = {
-    "run": fake_run, "names": ["red", "green"], "imgsz": (TILE, TILE), "stride": 32, "batch": None, "dynamic": True,
-    "half": False, "int8": False, "end2end": False, "nms": None, "data": None, "single_cls": False,
-    "backend": "fake", "device": torch.device("cpu"), "weights": "fake",
-}  # fmt: skip
+FAKE = Predictor(fake_run, ["red", "green"], (TILE, TILE), 32, backend="fake", weights="fake")
 
 
 def draw(h, w, squares):
@@ -61,7 +58,7 @@ def draw(h, w, squares):
 
 
 def tiled(img, overlap=0.2):
-    return detect_image(tiled_model(FAKE, (TILE, TILE), TILE, overlap), img, img.shape[:2])[0]
+    return detect_image(tiled_predictor(FAKE, (TILE, TILE), TILE, overlap), img, img.shape[:2])[0]
 
 
 def boxes_of(squares):

@@ -122,9 +122,8 @@ def student_and_teacher_maps(student_scale, teacher_path, dtype=None):
     with torch.random.fork_rng():
         torch.manual_seed(1)
         student = YOLO(student_scale, len(NAMES)).eval()
-    student.head.return_maps = True
     with torch.no_grad():
-        return student, student(images)[1], teacher(images.to(dtype or torch.float32))[1]
+        return student, student(images, mode="maps"), teacher(images.to(dtype or torch.float32), mode="maps")
 
 
 def test_a_teacher_identical_to_the_student_teaches_nothing(tmp_path):

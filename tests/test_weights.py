@@ -73,7 +73,7 @@ def test_an_exported_onnx_is_its_format_and_refused_where_a_checkpoint_is_needed
     onnx = path.with_suffix(".onnx")
     loaded = load_weights(onnx)
     assert loaded.kind == "onnx" and loaded.checkpoint is None and loaded.train_args == {}
-    assert loaded.model["names"] == ["ring", "box", "blob"] and callable(loaded.model["run"])
+    assert loaded.model.names == ["ring", "box", "blob"] and callable(loaded.model.run)
     with pytest.raises(CheckpointError) as error:
         load_weights(onnx, build=False)  # train.py --weights best.onnx
     message = str(error.value)

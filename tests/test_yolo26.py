@@ -7,7 +7,7 @@ import torch
 from assign_helpers import anchors_for, assign
 
 from models.weights import model_from_checkpoint
-from models.yolo import YOLO
+from models.yolo import YOLO, assignment_of
 from utils.assigner import assign_targets, level_by_size
 from utils.loss import DetectionLoss, one_to_many_weight
 
@@ -61,30 +61,29 @@ def test_11n_e2e_changes_only_its_box_branches_trains_the_network_and_a_checkpoi
         rebuilt = model_from_checkpoint(ckpt)  # loaded strictly: every tensor fits
         with torch.no_grad():
             assert model.eval()(x).shape == (1, 300, 6) and rebuilt.end2end and rebuilt.scale == "11n-e2e"
-            rebuilt.end2end = model.end2end = False  # per anchor (the top 300 of an untrained model are near ties)
-            assert torch.allclose(rebuilt(x), model(x), atol=1e-4)
-            model.end2end = True
+            # per anchor (the top 300 of an untrained model are near ties)
+            assert torch.allclose(rebuilt(x, mode="per_anchor"), model(x, mode="per_anchor"), atol=1e-4)
 
 
 def test_yolo26_answers_with_its_one_to_many_head_for_nms_when_asked():
-    """val.py / detect.py / export.py --nms: end2end = False makes eval answer per anchor, from the one-to-many
-    branch (what NMS then reduces), and True brings the NMS-free head back; a model without one refuses."""
+    """val.py / detect.py / export.py --nms: mode "per_anchor" makes eval answer per anchor, from the one-to-many
+    branch (what NMS then reduces), and no mode gives the NMS-free head's answer; a model without one refuses."""
     model = YOLO("26n", nc=7).eval()
     with torch.no_grad():  # the two branches start as copies: tell them apart
         model.head.one2one_cls[0][-1].bias += 1.0
     x = torch.rand(2, 3, 64, 96)
-    model.end2end = False
-    model.head.return_maps = True
     with torch.no_grad():
-        out, maps = model(x)
-    assert out.shape == (2, 8 * 12 + 4 * 6 + 2 * 3, 4 + 7) and not model.end2end
+        out, maps = model(x, mode="per_anchor"), model(x, mode="maps")
+    assert out.shape == (2, 8 * 12 + 4 * 6 + 2 * 3, 4 + 7) and model.end2end
     assert torch.equal(out, model.head.decode(maps["one2many"]))
+    assert torch.equal(out, model.head.from_maps(maps, "per_anchor"))
     assert not torch.allclose(out, model.head.decode(maps["one2one"]))
-    model.end2end, model.head.return_maps = True, False
+    with torch.no_grad():  # the phone formats' answer: the one-to-one head per anchor, its top 300 picked outside
+        assert torch.equal(model(x, mode="one2one_per_anchor"), model.head.decode(maps["one2one"]))
     with torch.no_grad():
         assert model(x).shape == (2, 8 * 12 + 4 * 6 + 2 * 3, 6)
-    with pytest.raises(ValueError, match="no one-to-one head"):
-        YOLO("n", nc=7).end2end = True
+    with pytest.raises(ValueError, match="no one-to-one head"), torch.no_grad():
+        YOLO("n", nc=7).eval()(x, mode="end2end")
 
 
 def test_yolo26_detections_are_the_best_anchor_class_pairs():
@@ -108,10 +107,10 @@ def test_yolo26_decodes_only_the_boxes_it_answers_with_and_answers_the_same(name
     with torch.no_grad():  # trained-looking heads: spread scores and boxes
         for p in model.head.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    model.head.return_maps = True
     with torch.no_grad():
-        out, maps = model(torch.rand(2, 3, 320, 256))
-        assert out.shape == (2, 300, 6)
+        x = torch.rand(2, 3, 320, 256)
+        out, maps = model(x), model(x, mode="maps")
+        assert out.shape == (2, 300, 6) and torch.equal(out, model.head.from_maps(maps, "end2end"))
         assert torch.equal(out, model.head.top_detections(model.head.decode(maps["one2one"])))
 
 
@@ -129,8 +128,8 @@ def test_one_to_one_assignment_by_size_puts_each_object_on_one_level():
     sides = torch.tensor([[[0.0, 0, 63.9, 63.9], [0, 0, 64, 64], [0, 0, 32, 128], [0, 0, 127, 127], [0, 0, 900, 900]]])
     chosen = level_by_size(sides, torch.tensor([8.0, 16, 32]))  # one stride per box: each box's row has one True
     assert chosen.sum(-1).tolist() == [[1] * 5] and chosen.float().argmax(-1).tolist() == [[0, 1, 1, 1, 2]]
-    assert DetectionLoss(YOLO("11n-e2e", nc=3).head).assignment.by_level
-    assert not DetectionLoss(YOLO("26n", nc=3).head).assignment.by_level  # Ultralytics' rule
+    assert assignment_of(YOLO("11n-e2e", nc=3).scale).by_level
+    assert not assignment_of(YOLO("26n", nc=3).scale).by_level  # Ultralytics' rule
 
 
 def test_one_to_one_positive_led_by_the_score_stays_on_the_anchor_that_answers():
@@ -150,8 +149,8 @@ def test_one_to_one_positive_led_by_the_score_stays_on_the_anchor_that_answers()
                                      alpha=alpha, beta=beta)  # fmt: skip
         chosen[beta] = fg[0].nonzero().flatten().tolist()
     assert chosen == {6.0: [fits], 2.0: [answers]}
-    assert DetectionLoss(YOLO("11n-e2e", nc=3).head).assignment.one2one_alignment == (1.0, 2.0)
-    assert DetectionLoss(YOLO("26n", nc=3).head).assignment.one2one_alignment == (0.5, 6.0)
+    assert assignment_of(YOLO("11n-e2e", nc=3).scale).one2one_alignment == (1.0, 2.0)
+    assert assignment_of(YOLO("26n", nc=3).scale).one2one_alignment == (0.5, 6.0)
 
 
 def test_each_branch_is_assigned_with_its_own_alignment(monkeypatch):
@@ -165,7 +164,8 @@ def test_each_branch_is_assigned_with_its_own_alignment(monkeypatch):
 
     monkeypatch.setattr(DetectionLoss, "fp32_loss", spy)
     model = YOLO("11n-e2e", nc=3).train()
-    DetectionLoss(model.head)(model(torch.rand(1, 3, 64, 64)), torch.tensor([[0, 0, 8, 8, 40, 36]]))
+    loss_fn = DetectionLoss(model.head, assignment=assignment_of(model.scale))  # as train.py builds it
+    loss_fn(model(torch.rand(1, 3, 64, 64)), torch.tensor([[0, 0, 8, 8, 40, 36]]))
     assert used == {"one2one": (1.0, 2.0), "one2many": (0.5, 6.0)}
 
 

@@ -28,14 +28,14 @@ LEVEL_STRIDES = 8
 
 
 class DualAssignment(NamedTuple):
-    """How utils/loss.py picks the one-to-one (NMS-free) branch's positives (models/head.py Detect.assignment). The
+    """How utils/loss.py picks the one-to-one (NMS-free) branch's positives (DetectionLoss's `assignment`). The
     defaults are Ultralytics' YOLO26's; E2E_ASSIGNMENT is 11n-e2e's (docs/yolo26.md says what else was tried)."""
 
     # True: an object's one-to-one positive lies on the one level its size picks (level_by_size), so that an object
     # whose size suits two levels is not answered on both; False: on whichever level aligns best, as in Ultralytics
     by_level: bool = False
-    # (alpha, beta) of the one-to-one branch's alignment. (1.0, 2.0) lets the score lead: the positive stays on the
-    # anchor that answers the object best unless a neighbour's box is much better
+    # (alpha, beta) of the one-to-one branch's alignment; E2E_ASSIGNMENT's lets the score lead: the positive stays on
+    # the anchor that answers the object best unless a neighbour's box is much better
     one2one_alignment: tuple = ALIGNMENT
 
 
@@ -49,7 +49,7 @@ def assign_targets(pred_scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mas
     pred_scores: (b, A, nc) probabilities;  pred_boxes: (b, A, 4) xyxy pixels;  anchors: (A, 2) pixels
     gt_labels: (b, n, 1);  gt_boxes: (b, n, 4) xyxy pixels;  gt_mask: (b, n, 1), 1 for real boxes (rest is padding)
     tiny_box: box sides under this count as this long for candidate selection (else a tiny object between anchor
-              centres is never learned); Ultralytics uses 16 px (bench/RESULTS.md: 8.5 did better here).
+              centres is never learned); Ultralytics uses 16 px, TINY_SIDE did better here (bench/RESULTS.md).
     device: where to compute ("cpu" for the OOM retry); results come back on pred_scores' device.
     keep: after the top-k and the one-box-per-anchor rule, each box keeps only its `keep` best anchors by alignment
           (YOLO26's one-to-one branch: topk 7, keep 1, one positive per object); None keeps all.
@@ -127,9 +127,8 @@ def level_by_size(gt_boxes, strides):
     the finest level it spans fewer than LEVEL_STRIDES strides of (below 64 px at stride 8), one level coarser per
     doubling, the coarsest above.
     For a one-to-one head: where its one positive per object may lie on any level, an object whose size suits two
-    (BCCD's red cells at 320 px, between strides 8 and 16) is the positive of one level in one step and of the
-    other in the next, and both levels' branches learn to answer it: the same object twice, a duplicate that only NMS
-    would remove (bench/RESULTS.md "NMS-free on BCCD")."""
+    is the positive of one level in one step and of the other in the next, and both levels' branches learn to answer
+    it: the same object twice, a duplicate that only NMS would remove (bench/RESULTS.md, NMS-free: 11n-e2e)."""
     wh = (gt_boxes[..., 2:] - gt_boxes[..., :2]).clamp(min=1e-6)
     finest, coarsest = strides.min(), strides.max()
     # b, n: 0 below LEVEL_STRIDES finest strides, 1 below twice that, ...

@@ -14,7 +14,7 @@ from pycocotools.cocoeval import COCOeval
 
 from utils.boxes import scale_boxes_to_original
 from utils.coco import detections_to_coco, ground_truth
-from utils.inference import postprocess
+from utils.inference import Predictor, postprocess
 
 
 def synchronize(device):
@@ -27,32 +27,24 @@ def predict_dataset(model, loader, device, conf=0.001, iou=0.7, max_det=300, hal
     """Detections of every validation image in original pixels: dict dataset index -> (n, 6) array
     of x1 y1 x2 y2 score class. Also the time per image of each stage, in ms, and with `loss_fn` (train.py's
     DetectionLoss) the mean validation loss parts (loss_fn.names) from the same forward's raw maps, else None.
-    model: a PyTorch nn.Module (training), or a model dict of utils/inference.py (val.py, export.py's gate: any
+    model: a PyTorch nn.Module (training), or a Predictor of utils/inference.py (val.py, export.py's gate: any
     format, a .pt wrapped by from_pytorch included)."""
     results, seconds, images = {}, np.zeros(3), 0
     loss_sum, batches = torch.zeros(len(loss_fn.names) if loss_fn is not None else 0, device=device), 0
-    if loss_fn is not None:
-        model.head.return_maps = True
-    try:
-        for batch, targets, metas in loader:
-            predictions, maps = model_outputs(model, batch, device, half, seconds)
-            if loss_fn is not None:  # summed on the device, read once at the end
-                loss_sum += loss_fn(maps, targets)[1]
-                batches += 1
-            nms = functools.partial(
-                postprocess, predictions.float(), model, conf, iou, max_det=max_det, multi_label=True
-            )
-            detections = timed(device, seconds, 2, nms)
-            images += len(batch)
-            for det, meta in zip(detections, metas):
-                det[:, :4] = scale_boxes_to_original(det[:, :4], meta["ratio"], meta["pad"], meta["shape"])
-            # one copy to the host per batch, not per image: each one waits for the GPU
-            on_host = torch.cat(detections).cpu().numpy() if detections else np.zeros((0, 6), np.float32)
-            for meta, det in zip(metas, np.split(on_host, np.cumsum([len(d) for d in detections])[:-1])):
-                results[meta["index"]] = det
-    finally:
-        if loss_fn is not None:
-            model.head.return_maps = False
+    for batch, targets, metas in loader:
+        predictions, maps = model_outputs(model, batch, device, half, seconds, with_maps=loss_fn is not None)
+        if loss_fn is not None:  # summed on the device, read once at the end
+            loss_sum += loss_fn(maps, targets)[1]
+            batches += 1
+        nms = functools.partial(postprocess, predictions.float(), model, conf, iou, max_det=max_det, multi_label=True)
+        detections = timed(device, seconds, 2, nms)
+        images += len(batch)
+        for det, meta in zip(detections, metas):
+            det[:, :4] = scale_boxes_to_original(det[:, :4], meta["ratio"], meta["pad"], meta["shape"])
+        # one copy to the host per batch, not per image: each one waits for the GPU
+        on_host = torch.cat(detections).cpu().numpy() if detections else np.zeros((0, 6), np.float32)
+        for meta, det in zip(metas, np.split(on_host, np.cumsum([len(d) for d in detections])[:-1])):
+            results[meta["index"]] = det
     speed = dict(zip(("preprocess", "inference", "nms"), (seconds / max(images, 1) * 1000).round(3).tolist()))
     return results, speed, (loss_sum / max(batches, 1)).tolist() if loss_fn is not None else None
 
@@ -67,18 +59,21 @@ def timed(device, seconds, stage, work):
     return out
 
 
-def model_outputs(model, batch, device, half, seconds):
+def model_outputs(model, batch, device, half, seconds, with_maps=False):
     """(predictions, raw maps or None) of a uint8 batch; the preprocessing and inference times into seconds.
-    model: an nn.Module or a model dict of utils/inference.py (see predict_dataset)."""
-    if isinstance(model, dict):  # it converts to its own precision and device
-        x = timed(device, seconds, 0, lambda: batch.to(model["device"]).float().div_(255))  # pitfall D3
-        return timed(device, seconds, 1, lambda: model["run"](x)), None
+    model: an nn.Module or a Predictor of utils/inference.py (see predict_dataset). with_maps: an nn.Module's raw
+    maps too, from the same forward (the validation loss)."""
+    if isinstance(model, Predictor):  # it converts to its own precision and device
+        x = timed(device, seconds, 0, lambda: batch.to(model.device).float().div_(255))  # pitfall D3
+        return timed(device, seconds, 1, lambda: model.run(x)), None
     model.eval()  # pitfall M1: BN and dropout must be in inference mode
     dtype = next(model.parameters()).dtype  # fp16 after .half(); fp32 weights (the EMA in training) run in autocast
     x = timed(device, seconds, 0, lambda: batch.to(device, non_blocking=True).to(dtype).div_(255))  # pitfall D3
     with torch.autocast(device.type, dtype=torch.float16, enabled=half and device.type == "cuda"):
-        out = timed(device, seconds, 1, lambda: model(x))
-    return out if isinstance(out, tuple) else (out, None)
+        if not with_maps:
+            return timed(device, seconds, 1, lambda: model(x)), None
+        maps = timed(device, seconds, 1, lambda: model(x, mode="maps"))
+        return timed(device, seconds, 1, lambda: model.head.from_maps(maps, model.head.eval_mode)), maps
 
 
 def coco_map(gt, detections, category_ids, max_det=300):
@@ -173,8 +168,8 @@ def match_image(det, gt, thresholds=IOU_THRESHOLDS):
     near = np.flatnonzero(np.isin(det[:, 5], gt[:, 0]))  # a detection of a class the image lacks matches nothing
     if not len(near):
         return tp
-    # IoU in numpy rather than torchvision.ops.box_iou: called once per image, the tensor round trip cost
-    # more than the arithmetic (with the class filter above: 0.26 -> 0.08 s for 100 images of 300 detections)
+    # IoU in numpy rather than torchvision.ops.box_iou: called once per image, the tensor round trip costs more
+    # than the arithmetic
     d, g = det[near, :4], gt[:, 1:]
     inter = (np.minimum(d[:, None, 2:], g[None, :, 2:]) - np.maximum(d[:, None, :2], g[None, :, :2])).clip(0).prod(2)
     union = (d[:, 2:] - d[:, :2]).prod(1)[:, None] + (g[:, 2:] - g[:, :2]).prod(1)[None] - inter
@@ -207,8 +202,8 @@ def crowd_overlap(det, crowd, thresholds=IOU_THRESHOLDS):
 def fast_map(results, records, nc, max_det=300):
     """The per-epoch metric: mAP50-95, mAP50, precision and recall computed the way pycocotools computes
     them (area 'all', up to max_det detections per image, 101 recall points, the precision envelope) from
-    the YOLO labels, in numpy, without building a COCO dict per detection: a second or two on COCO val
-    instead of a minute. Agrees with coco_map within 0.005 (tested); val.py and the end of training report
+    the YOLO labels, in numpy, without building a COCO dict per detection, many times faster on a large val set.
+    Agrees with coco_map within tests/test_evaluate.py's tolerance; val.py and the end of training report
     pycocotools' numbers, the official ones. results: predict_dataset's; records: utils.data.records.Records."""
     n_gt = np.bincount(records.labels[:, 0].astype(int), minlength=nc)[:nc]
     scores, classes, tps = [np.zeros(0)], [np.zeros(0, int)], [np.zeros((0, len(IOU_THRESHOLDS)), bool)]

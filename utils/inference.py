@@ -2,22 +2,16 @@
 PyTorch model and every file export.py writes (ONNX, TorchScript, OpenVINO, TFLite, NCNN, MNN, ExecuTorch, Paddle,
 Core ML, TensorRT), the preprocessing all of them get and the postprocessing of their outputs.
 
-A loaded model is a plain dict:
-
-    run(x)   x: (n, 3, h, w) float32 RGB 0..1 tensor, any n -> float32 tensor, either the raw predictions
-             (n, anchors, 4 + nc) or, for a graph that already gives the final boxes (has_final_boxes: NMS
-             exported inside, or an end-to-end model), (n, max_det, 6)
-    names, imgsz (h, w), stride, batch (None = any), dynamic (any h, w), half, int8, end2end, backend, device,
-    nms (None, or the {"conf", "iou", "max_det"} baked into the graph), data (the dataset yaml it was trained
-    on, or None), single_cls
-
+A loaded model of any format is a Predictor (below): its run function and what it was exported with.
 PyTorch checkpoints are built by the scripts and models/predict.py (utils never imports models/) and wrapped
 here with `from_pytorch`; exported files are opened with `load_exported`, which finds the file's row in the table
 of formats (utils/export/formats.py) and calls its load function (utils/export/loaders.py).
 """
 
+import dataclasses
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -27,6 +21,47 @@ from utils.boxes import non_max_suppression
 from utils.checkpoints.ours import CheckpointError
 from utils.data.augment import letterbox
 from utils.export import formats as export_formats
+
+
+@dataclasses.dataclass(frozen=True)
+class Predictor:
+    """A model ready to run, of any format (a .pt's network, or a file export.py wrote).
+
+    run(x): x (n, 3, h, w) float32 RGB 0..1 tensor, any n -> float32 tensor, either the raw predictions
+    (n, anchors, 4 + nc) or, for a graph that already gives the final boxes (has_final_boxes: NMS exported inside,
+    or an end-to-end model), (n, max_det, 6). imgsz: (h, w); batch: None = any; dynamic: any h, w; nms: None, or
+    the {"conf", "iou", "max_det"} baked into the graph; data: the dataset yaml it was trained on, or None;
+    backend: the runtime; weights: the path it was loaded from; metadata: all that an exported file carries."""
+
+    run: Callable
+    names: list
+    imgsz: tuple
+    stride: int
+    batch: int = None
+    dynamic: bool = True
+    half: bool = False
+    int8: bool = False
+    end2end: bool = False
+    nms: dict = None
+    data: str = None
+    single_cls: bool = False
+    backend: str = "PyTorch"
+    device: torch.device = torch.device("cpu")
+    weights: str = ""
+    metadata: dict = dataclasses.field(default_factory=dict)
+
+    def replace(self, **changes):
+        """A copy with these fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+def predictor_of(loaded, backend):
+    """The Predictor of an exported file from its load function's dict (utils/export/loaders.py): its metadata,
+    run and device."""
+    fields = {f.name for f in dataclasses.fields(Predictor)}
+    known = {k: v for k, v in loaded.items() if k in fields}
+    metadata = {k: v for k, v in loaded.items() if k != "run"}
+    return Predictor(**known, backend=backend, metadata=metadata)
 
 
 def preprocess(img_rgb, imgsz):
@@ -40,9 +75,9 @@ def preprocess(img_rgb, imgsz):
 def has_final_boxes(model):
     """Whether the output of `model` already is the detections, (n, max_det, 6) x1 y1 x2 y2 score class, best first:
     NMS exported inside the graph (export.py --nms), or an end-to-end (NMS-free) network. Then postprocess runs
-    no NMS. model: a dict of this module, or a PyTorch nn.Module (its `end2end` attribute)."""
-    if isinstance(model, dict):
-        return model["nms"] is not None or bool(model.get("end2end"))
+    no NMS. model: a Predictor, or a PyTorch nn.Module in its eval answer (its `end2end` attribute)."""
+    if isinstance(model, Predictor):
+        return model.nms is not None or model.end2end
     return bool(getattr(model, "end2end", False))
 
 
@@ -53,33 +88,22 @@ def postprocess(output, model, conf=0.25, iou=0.7, classes=None, max_det=300, mu
     return non_max_suppression(output, conf, iou, classes, max_det, multi_label, end2end=has_final_boxes(model))
 
 
-def from_pytorch(model, device, half=False, data=None, single_cls=False):
-    """Wrap a (fused, eval) PyTorch model from models.yolo.model_from_checkpoint. data, single_cls: from the
-    checkpoint's training arguments."""
+def from_pytorch(model, device, half=False, data=None, single_cls=False, mode=None):
+    """The Predictor of a (fused, eval) PyTorch model from models.yolo.model_from_checkpoint. data, single_cls: from
+    the checkpoint's training arguments. mode: what its head answers (models/head.py Detect.forward; "per_anchor": a
+    YOLO26 network's one-to-many head, for NMS); None: its eval answer."""
     model = model.to(device)
     model = model.half() if half else model.float()
+    mode = mode or model.head.eval_mode
 
     @torch.no_grad()
     def run(x):
-        return model(x.to(device, torch.float16 if half else torch.float32)).float()
+        return model(x.to(device, torch.float16 if half else torch.float32), mode=mode).float()
 
     h, w = (model.imgsz, model.imgsz) if isinstance(model.imgsz, int) else model.imgsz
-    return {
-        "run": run,
-        "names": list(model.names),
-        "imgsz": (h, w),
-        "stride": max(model.head.strides),
-        "batch": None,
-        "dynamic": True,
-        "half": half,
-        "int8": False,
-        "end2end": has_final_boxes(model),
-        "nms": None,
-        "data": data,
-        "single_cls": bool(single_cls),
-        "backend": "PyTorch",
-        "device": device,
-    }
+    end2end = mode == "end2end"
+    settings = dict(half=half, end2end=end2end, data=data, single_cls=bool(single_cls), device=device)
+    return Predictor(run, list(model.names), (h, w), max(model.head.strides), **settings)
 
 
 def load_exported(path, device=torch.device("cpu")):
@@ -99,7 +123,7 @@ def load_exported(path, device=torch.device("cpu")):
     missing = export_formats.missing_sentence(f"{path} ({export_formats.a_or_an(row.title)} model)", row.run_packages)
     if missing:
         raise CheckpointError(missing)
-    return {**row.load(path, device), "backend": row.runtime}
+    return predictor_of(row.load(path, device), row.runtime)
 
 
 def median_latency(run, x, runs=20, warmup=3):

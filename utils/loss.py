@@ -37,8 +37,8 @@ def resolve_class_weights(text, class_ids, nc):
     ("", None) when off. `auto`: inverse class frequency over the training boxes (`class_ids`, one per box), capped
     at CLASS_WEIGHT_CAP x the smallest, scaled to mean 1 over the classes. That keeps the negatives' share of the
     class term (every channel has about as many negatives), not the positives': most positives are of the common
-    classes, which weigh less, so the class term of an imbalanced set shrinks next to the box terms (1:50, two
-    classes: weights 0.18 and 1.82, and a class loss ~4x lower after a few steps). A list is used as written. The
+    classes, which weigh less, so the class term of an imbalanced set shrinks next to the box terms
+    (bench/RESULTS.md#rare-classes---cls-weights-auto). A list is used as written. The
     numbers go into args.yaml and last.pt, so that a resumed run weighs exactly as it started even if the labels
     have changed since. ValueError: one sentence naming the flag."""
     text = str(text).strip().strip("[]")  # "[1, 2]": a dataset yaml's `defaults:` may give a list
@@ -98,9 +98,10 @@ def pad_targets(targets, batch_size):
 def one_to_many_weight(epoch, epochs, final=0.1):
     """ProgLoss (YOLO26): the weight of the one-to-many loss in epoch `epoch` (0-based) of `epochs`; the one-to-one
     loss gets 1 minus it. It falls linearly from 0.8 in the first epoch to `final` in the last, as Ultralytics'
-    E2ELoss does (its update() after each epoch, final 0.1): early, the dense one-to-many targets shape the shared
-    features; late, the loss is mostly that of the one-to-one head inference uses. final 0.8: a constant weight (no
-    ProgLoss, train.py --o2m-final 0.8). A pure function of the epoch: resume needs no state."""
+    E2ELoss does (its update() after each epoch, with this default final): early, the dense one-to-many targets shape
+    the shared features; late, the loss is mostly that of the one-to-one head inference uses. final equal to the
+    start: a constant weight (no ProgLoss, train.py --o2m-final). A pure function of the epoch: resume needs no
+    state."""
     return final + (0.8 - final) * max(1 - epoch / max(epochs - 1, 1), 0)
 
 
@@ -134,6 +135,7 @@ class DetectionLoss:
         epochs=1,
         o2m_final=0.1,
         distill_gain=None,
+        assignment=DualAssignment(),
     ):
         self.nc, self.strides = head.nc, head.strides
         self.reg_max = head.reg_max  # the box bins per side, of both heads where there are two
@@ -157,7 +159,7 @@ class DetectionLoss:
         self.topk, self.tiny_box = topk, tiny_box
         # ProgLoss's position and end (end-to-end heads only; train.py sets the epoch)
         self.epoch, self.epochs, self.o2m_final = 0, epochs, o2m_final
-        self.assignment = getattr(head, "assignment", DualAssignment())  # models/head.py's Detect (YOLO26)
+        self.assignment = assignment  # the one-to-one branch's rule (models/yolo.py assignment_of)
         self.assignments_on_cpu = 0
 
     @property
@@ -302,7 +304,7 @@ class DetectionLoss:
         """Class-score distillation, summed over every anchor and class: the KL divergence of the student's score
         from the teacher's, each a Bernoulli (the scores are per-class sigmoids, not one softmax). That is the BCE
         against the teacher's scores less the teacher's own entropy: the same gradient, and 0 for a student that
-        scores exactly as its teacher does. No temperature: a sigmoid score of 0.1 or 0.01 is already soft; the
+        scores exactly as its teacher does. No temperature: a sigmoid score below one is already soft; the
         teacher's near misses and second classes teach as they are."""
         target = teacher_logits.sigmoid()
         return (

@@ -5,6 +5,7 @@ the camera otherwise reads frames queued seconds ago and falls further behind th
 (the usual "RTSP lag"); here it always gets the last frame received, and the ones it had no time
 for are dropped. A video file (on disk or behind a URL) has an end and no hurry: every frame is
 kept. A live source that drops is reopened RECONNECT_ATTEMPTS times before it counts as stopped.
+VideoOut writes detect.py's annotated .mp4 of each video, webcam and stream.
 """
 
 import os
@@ -16,7 +17,7 @@ from urllib.parse import urlsplit
 import cv2
 
 RECONNECT_ATTEMPTS = 3  # reopen a dropped source this many times before giving up on it
-RECONNECT_BACKOFF_S = 0.5  # wait before the first reopen, doubled before each next one: 0.5, 1, 2 s
+RECONNECT_BACKOFF_S = 0.5  # wait before the first reopen, doubled before each next one
 OPEN_TIMEOUT_S = 10  # a camera that accepts the connection but never answers must not hang the run
 READ_TIMEOUT_S = 10  # nor one that stops sending without closing: the read fails and the reopening starts
 URL_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://")
@@ -191,3 +192,22 @@ class Stream:
             self._frame, self._index = frame, index
         if self.notify is not None:
             self.notify.set()
+
+
+class VideoOut:
+    """An .mp4 opened at the first frame written, when the size becomes known."""
+
+    def __init__(self, path, fps):
+        self.path, self.fps, self.writer, self.size = path, fps, None, None
+
+    def write(self, frame):
+        if self.writer is None:
+            self.size = frame.shape[1], frame.shape[0]
+            self.writer = cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*"mp4v"), self.fps, self.size)
+        if (frame.shape[1], frame.shape[0]) != self.size:  # a camera reconfigured while it was away
+            frame = cv2.resize(frame, self.size)  # cv2.VideoWriter silently drops frames of another size
+        self.writer.write(frame)
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.release()

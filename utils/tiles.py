@@ -11,7 +11,7 @@ objects too large for a tile. Then one box is kept per object:
   to a whole box (from another tile or the whole-image pass) that covers at least half of it. Comparing by IoU, as
   NMS does, would miss this: a box cut in half has an IoU of 0.5 or less with the whole box.
 - Whole boxes of one object from two tiles (it lay in their overlap) or from a tile and the whole-image pass are
-  the same box seen twice: IoU >= 0.5 across sources, the higher score kept. Boxes of one tile never suppress each
+  the same box seen twice: IoU >= MATCH across sources, the higher score kept. Boxes of one tile never suppress each
   other here (the tile's own NMS has decided between them), so adjacent or nested objects survive.
 - Two cut boxes from different tiles (pieces of an object wider than the overlap that the whole-image pass missed)
   overlapping by half of the smaller one: the higher score is kept, as SAHI's NMS with its IOS metric does.
@@ -19,8 +19,8 @@ objects too large for a tile. Then one box is kept per object:
   which sees it at a higher resolution than the shrunken whole image.
 
 SAHI (MIT) has these ideas and more, but pulls in shapely, fire, click and requests, and opencv-python, whose cv2
-would overwrite opencv-python-headless's; what is used of it fits in this module. The entry point is `tiled_model`,
-which wraps any model dict of utils/inference.py (a .pt or any exported file) into one whose input is a whole image
+would overwrite opencv-python-headless's; what is used of it fits in this module. The entry point is `tiled_predictor`,
+which wraps any Predictor of utils/inference.py (a .pt or any exported file) into one whose input is a whole image
 at its own size and whose output is the final boxes, so that detect.py and val.py run it through their usual path
 unchanged.
 """
@@ -38,8 +38,8 @@ from utils.inference import postprocess
 DEFAULT_OVERLAP = 0.2  # SAHI's default: 20 % of a tile shared with each neighbour
 MATCH = 0.5  # the IoU (whole boxes) or covered fraction (cut boxes) at which two boxes are one object
 EDGE = 2.0  # model-input px: a box this close to a tile side inside the image is cut (boxes are clipped to the tile)
-# Input pixels per forward when the model takes any batch size: 32 tiles at 320 px, 8 at 640. Tiles of 320 px on the
-# 2-core CPU took 10.7 s for 97 in batches of 8 and 7.8 s in batches of 32 (small maps pay a per-call overhead).
+# Input pixels per forward when the model takes any batch size: 32 tiles at 320 px, 8 at 640, since small maps pay a
+# per-call overhead (bench/RESULTS.md#sliced-inference---tile-on-large-images)
 BATCH_PIXELS = 32 * 320 * 320
 
 
@@ -82,17 +82,17 @@ def letterbox_tensor(x, shape):
     return F.pad(x, padding, value=PAD_VALUE / 255), ratio, (left, top)
 
 
-def run_batches(model, x, conf, iou, classes, max_det, multi_label):
-    """postprocess'd detections (input px) of every image of x, in chunks the model accepts: its fixed batch size
+def run_batches(predictor, x, conf, iou, classes, max_det, multi_label):
+    """postprocess'd detections (input px) of every image of x, in chunks the predictor accepts: its fixed batch size
     (the last chunk padded), or as many as fit in BATCH_PIXELS."""
-    size = model["batch"] or max(1, BATCH_PIXELS // (x.shape[-2] * x.shape[-1]))
+    size = predictor.batch or max(1, BATCH_PIXELS // (x.shape[-2] * x.shape[-1]))
     out = []
     for start in range(0, len(x), size):
         chunk = x[start : start + size]
         n = len(chunk)
-        if model["batch"] and n < size:
+        if predictor.batch and n < size:
             chunk = torch.cat((chunk, chunk[-1:].expand(size - n, *chunk.shape[1:])))
-        out += postprocess(model["run"](chunk), model, conf, iou, classes, max_det, multi_label)[:n]
+        out += postprocess(predictor.run(chunk), predictor, conf, iou, classes, max_det, multi_label)[:n]
     return out
 
 
@@ -111,7 +111,7 @@ def cut_sides(boxes, grid, h, w, margin):
     return torch.cat(flags) if flags else torch.zeros(0, dtype=torch.bool)
 
 
-def detect_tiled(model, image, imgsz, tile, overlap, conf, iou, classes=None, max_det=300, multi_label=False):
+def detect_tiled(predictor, image, imgsz, tile, overlap, conf, iou, classes=None, max_det=300, multi_label=False):
     """One (3, h, w) float image in 0..1 -> (k, 6) CPU tensor x1 y1 x2 y2 score class in its pixels, best first.
     imgsz: the (h, w) the network runs at (models/predict.inference_size)."""
     h, w = image.shape[-2:]
@@ -122,7 +122,7 @@ def detect_tiled(model, image, imgsz, tile, overlap, conf, iou, classes=None, ma
     if whole_pass:
         whole, whole_ratio, whole_pad = letterbox_tensor(image[None], imgsz)
         batch = torch.cat((batch, whole))
-    found = [d.float().cpu() for d in run_batches(model, batch, conf, iou, classes, max_det, multi_label)]
+    found = [d.float().cpu() for d in run_batches(predictor, batch, conf, iou, classes, max_det, multi_label)]
     shape = crops.shape[-2:]
     for d, (x1, y1, _, _) in zip(found, grid):
         d[:, :4] = scale_boxes_to_original(d[:, :4], ratio, pad, shape) + torch.tensor([x1, y1, x1, y1])
@@ -168,27 +168,27 @@ def merge_tiles(dets, sources, cut, max_det=300):
     return kept[np.argsort(-scores[kept], kind="stable")][:max_det]
 
 
-def tiled_model(
-    model, imgsz, tile, overlap=DEFAULT_OVERLAP, conf=0.25, iou=0.7, classes=None, max_det=300, multi_label=False
+def tiled_predictor(
+    predictor, imgsz, tile, overlap=DEFAULT_OVERLAP, conf=0.25, iou=0.7, classes=None, max_det=300, multi_label=False
 ):
-    """A model dict (utils/inference.py) that runs `model` tiled at input size imgsz (h, w): run(x) takes whole images
-    (n, 3, h, w) in 0..1 at their own size (so letterbox them to their own (h, w): ratio 1, no padding) and returns
-    the final boxes (n, k, 6), zero rows after the last, as an end-to-end model does; postprocess then only applies
-    thresholds. conf, iou, classes, max_det, multi_label: the NMS settings of each tile, as postprocess takes them."""
+    """A Predictor (utils/inference.py) that runs `predictor` tiled at input size imgsz (h, w): run(x) takes whole
+    images (n, 3, h, w) in 0..1 at their own size (so letterbox them to their own (h, w): ratio 1, no padding) and
+    returns the final boxes (n, k, 6), zero rows after the last, as an end-to-end model does; postprocess then only
+    applies thresholds. conf, iou, classes, max_det, multi_label: each tile's NMS, as postprocess takes them."""
     settings = (imgsz, tile, overlap, conf, iou, classes, max_det, multi_label)
 
     def run(x):
-        dets = [detect_tiled(model, image, *settings) for image in x]
+        dets = [detect_tiled(predictor, image, *settings) for image in x]
         out = torch.zeros(len(x), max(max(len(d) for d in dets), 1), 6)
         for k, d in enumerate(dets):
             out[k, : len(d)] = d
         return out.to(x.device)
 
-    return {**model, "run": run, "end2end": True, "nms": None, "dynamic": True, "batch": None}
+    return predictor.replace(run=run, end2end=True, nms=None, dynamic=True, batch=None)
 
 
 class WholeImages(torch.utils.data.Dataset):
-    """val.py --tile: each image at its own size, as tiled_model's run takes it (ValDataset letterboxes them all to
+    """val.py --tile: each image at its own size, as tiled_predictor's run takes it (ValDataset letterboxes them all to
     the model's size); a batch of one, since their sizes differ. Items as ValDataset's, with ratio 1 and no padding."""
 
     def __init__(self, records):

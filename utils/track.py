@@ -3,12 +3,12 @@
     from models.predict import load, predict
     from utils.track import Tracker
 
-    model, tracker = load("best.pt"), Tracker()
+    predictor, tracker = load("best.pt"), Tracker()
     for index, frame in enumerate(frames):  # BGR arrays of one video, in order; skipping some is fine
-        tracks = tracker.update(predict(model, frame), index)  # index: the frame's number in the source
+        tracks = tracker.update(predict(predictor, frame), index)  # index: the frame's number in the source
         for (x1, y1, x2, y2), track_id in zip(tracks.boxes, tracks.ids): ...
 
-Why this module and not a package: supervision 0.31 no longer ships a tracker; Roboflow's `trackers`, which has
+Why this module and not a package: supervision no longer ships a tracker; Roboflow's `trackers`, which has
 it now, requires opencv-python (it would overwrite the cv2 of our opencv-python-headless) plus supervision, PyAV
 and requests; BoxMOT is AGPL and this code is MIT. ByteTrack itself is short: a Kalman filter per object, then
 the detections matched to the tracks in two rounds, the confident ones first, then the faint ones (an occluded

@@ -40,15 +40,15 @@ ONNX = Package("onnx", "onnx")
 ONNXRUNTIME = Package("onnxruntime", "onnxruntime")  # its quantization tools make ONNX INT8 too
 OPENVINO = Package("openvino", "openvino")
 NNCF = Package("nncf", "nncf")
-LITERT_TORCH = Package("litert-torch", "litert_torch")  # converts; pulls in JAX, transformers, torchao (~0.9 GB)
+LITERT_TORCH = Package("litert-torch", "litert_torch")  # converts; pulls in JAX, transformers, torchao
 LITERT = Package("ai-edge-litert", "ai_edge_litert")  # the interpreter that runs a .tflite
-PNNX = Package("pnnx", "pnnx")  # PyTorch -> NCNN converter (a program in the wheel, ~30 MB)
+PNNX = Package("pnnx", "pnnx")  # PyTorch -> NCNN converter (a program in the wheel)
 NCNN = Package("ncnn", "ncnn")
 MNN = Package("MNN", "MNN")  # runtime and converter in one wheel
-EXECUTORCH = Package("executorch", "executorch")  # lowers and runs; pulls in pandas, hydra, coremltools (~0.3 GB)
+EXECUTORCH = Package("executorch", "executorch")  # lowers and runs; pulls in pandas, hydra, coremltools
 COREMLTOOLS = Package("coremltools", "coremltools")  # converts anywhere, runs a model on macOS only
 TENSORRT = Package("tensorrt", "tensorrt")  # NVIDIA's; needs a GPU to build or run an engine
-PADDLE = Package("paddlepaddle", "paddle")  # Paddle's CPU runtime (~0.7 GB installed)
+PADDLE = Package("paddlepaddle", "paddle")  # Paddle's CPU runtime
 X2PADDLE = Package("x2paddle", "x2paddle")  # PyTorch -> Paddle converter
 SIX = Package("six", "six")  # x2paddle imports it without declaring it
 # TensorFlow: tf_keras (which onnx2tf builds its network with) declares `tensorflow`, so `tensorflow` is the pip name
@@ -56,7 +56,7 @@ SIX = Package("six", "six")  # x2paddle imports it without declaring it
 # requirements-export.txt and .ci/run install. Either one provides the module.
 TENSORFLOW = Package("tensorflow", "tensorflow")
 TF_KERAS = Package("tf_keras", "tf_keras")
-ONNX2TF = Package("onnx2tf", "onnx2tf")  # ONNX -> TensorFlow converter; 1.28 declares no dependencies: these follow
+ONNX2TF = Package("onnx2tf", "onnx2tf")  # ONNX -> TensorFlow converter; it declares no dependencies: these follow
 ONNX_GRAPHSURGEON = Package("onnx_graphsurgeon", "onnx_graphsurgeon")  # onnx2tf's graph editing, our folding too
 SNG4ONNX = Package("sng4onnx", "sng4onnx")  # onnx2tf names unnamed nodes with it
 PSUTIL = Package("psutil", "psutil")  # onnx2tf imports it
@@ -75,10 +75,10 @@ OPTIONS = ("half", "int8", "nms", "dynamic")  # the export.py flags that a forma
 class ExportFormat:
     name: str  # its flag (--onnx) and its key
     title: str  # what the format is called
-    runtime: str  # what runs it: the model dict's "backend", the gate's sentence and the benchmark table's rows
+    runtime: str  # what runs it: the Predictor's `backend`, the gate's sentence and the benchmark table's rows
     suffix: str  # of the file, or of the file inside the folder (folder=True)
-    write: Callable  # write(module, x, path, args, metadata, calibration), see utils/export/writers.py
-    load: Callable  # load(path, device) -> the model dict of utils/inference.py without "backend"
+    write: Callable  # write(module, x, path, options, metadata, calibration), see utils/export/writers.py
+    load: Callable  # load(path, device) -> the metadata, run and device of its Predictor (utils/inference.py)
     options: tuple = OPTIONS  # which of OPTIONS it takes
     benchmark: tuple = ("fp32",)  # the precisions --benchmark writes
     run_packages: tuple = ()  # what loads and runs a file: val.py, detect.py, export.py's check

@@ -26,9 +26,10 @@ GATE_ADVICE = {  # what to try when a file of this precision fails the gate
 class Scores:
     """The accuracy gate's evaluations: mAP50-95 and mAP50 by pycocotools (val.py's settings) on the validation
     split, or its first --val-images, for the checkpoint and each exported file, on the same images at the same
-    size (a file without --dynamic takes only its own size: the checkpoint is then scored at that size too)."""
+    size (a file without --dynamic takes only its own size: the checkpoint is then scored at that size too). mode:
+    what the checkpoint's head answers (models/head.py Detect.forward), as the exported graph does."""
 
-    def __init__(self, data, train_args, args, device):
+    def __init__(self, data, train_args, args, device, mode=None):
         self.records = load_verified(data["val"], data["nc"], "val") if data["val"] else None
         if self.records is None or not len(self.records):
             sys.exit(f"error: {data['yaml']} has no validation images to score the export on; give another --data")
@@ -37,29 +38,29 @@ class Scores:
         self.names, self.coco_json = data["names"], data["coco_json"]
         if train_args.get("single_cls"):
             self.records, self.names = self.records.single_class(), ["object"]
-        self.args, self.device, self.reference = args, device, {}
+        self.args, self.device, self.mode, self.reference = args, device, mode, {}
 
-    def __call__(self, model, imgsz):
-        fixed = None if model["dynamic"] else tuple(imgsz)
-        dataset = ValDataset(self.records, max(imgsz), self.args.batch_val, stride=model["stride"], shape=fixed)
+    def __call__(self, predictor, imgsz):
+        fixed = None if predictor.dynamic else tuple(imgsz)
+        dataset = ValDataset(self.records, max(imgsz), self.args.batch_val, stride=predictor.stride, shape=fixed)
         loader = make_loader(dataset, batch_size=self.args.batch_val, workers=self.args.workers)
-        metrics = evaluate(model, loader, self.names, self.device, self.coco_json, conf=0.001, iou=0.7)["metrics"]
+        metrics = evaluate(predictor, loader, self.names, self.device, self.coco_json, conf=0.001, iou=0.7)["metrics"]
         return metrics["mAP50-95"], metrics["mAP50"]
 
     def checkpoint(self, network, dynamic, imgsz):
         """The checkpoint's (mAP50-95, mAP50) as the exported file is scored (computed once per kind of input)."""
         if dynamic not in self.reference:
-            model = {**from_pytorch(network, self.device), "dynamic": dynamic}
-            self.reference[dynamic] = self(model, imgsz)
+            predictor = from_pytorch(network, self.device, mode=self.mode).replace(dynamic=dynamic)
+            self.reference[dynamic] = self(predictor, imgsz)
         return self.reference[dynamic]
 
 
 def gate(path, row, precision, scores, network, args, imgsz):
     """Score the exported file and the checkpoint; print both. Returns (mAP50-95, mAP50, None or the sentence of
     a failure)."""
-    model = load_exported(path, scores.device)
-    ours, ours50 = scores(model, imgsz)
-    reference, _ = scores.checkpoint(network, model["dynamic"], imgsz)
+    predictor = load_exported(path, scores.device)
+    ours, ours50 = scores(predictor, imgsz)
+    reference, _ = scores.checkpoint(network, predictor.dynamic, imgsz)
     limit = MAX_MAP_DROP[precision] if args.max_map_drop is None else args.max_map_drop
     n = len(scores.records)
     print(

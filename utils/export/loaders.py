@@ -1,11 +1,11 @@
-"""Each exported format opened in its own runtime (ONNX Runtime, TorchScript, OpenVINO, LiteRT) as the model dict of
+"""Each exported format opened in its own runtime (ONNX Runtime, TorchScript, OpenVINO, LiteRT) for a Predictor of
 utils/inference.py, and the metadata every exported file carries so that nothing else is needed to run it.
 
-A load function takes (path, device) and returns the dict without "backend" (load_exported adds the row's runtime
-name); the table in utils/export/formats.py names it for its
-format, and utils.inference.load_exported picks the row by the file's suffix. The packages a row lists are checked
-before its load function runs, so these import them plainly. Anything wrong with the file itself: CheckpointError
-with one sentence naming it.
+A load function takes (path, device) and returns a dict: the file's metadata, its `run` and `device`
+(load_exported makes the Predictor, with the row's runtime as its backend); the table in utils/export/formats.py
+names it for its format, and utils.inference.load_exported picks the row by the file's suffix. The packages a row
+lists are checked before its load function runs, so these import them plainly. Anything wrong with the file
+itself: CheckpointError with one sentence naming it.
 
 The metadata (export_metadata: names, stride, imgsz, batch, dynamic, half, int8, end2end, nms, data, single_cls, the
 input/output names and shapes, each as JSON) lives in ONNX metadata_props, in metadata.json among the TorchScript
@@ -90,9 +90,9 @@ def onnx_session(path, providers=("CPUExecutionProvider",)):
     """An ONNX Runtime session that treats subnormal floats as zero: ORT's option for its pool's threads, and its
     `run` inside subnormals_flushed() for the calling thread, which computes a share of each op.
 
-    Why: values below 1.2e-38 take an x86 CPU many times longer per operation, and some trained networks produce
-    them in their activations: two YOLO26 checkpoints ran 35% slower than another of the same architecture (41 against
-    31 ms at 640 px), and flushed they ran as fast, with the same detections bitwise (bench/RESULTS.md)."""
+    Why: values below float32's smallest normal take an x86 CPU many times longer per operation, and some trained
+    networks produce them in their activations, which slows them; flushed they run as fast as the others, with the
+    same detections bitwise (bench/RESULTS.md#inference-latency)."""
     import onnxruntime  # imported here: only .onnx weights need it
 
     options = onnxruntime.SessionOptions()
@@ -182,10 +182,9 @@ def load_openvino(path, device):
     )
     meta = parse_metadata(strings, path)
     # The CPU plugin runs f32 layers in bf16 where the CPU has bf16 instructions (AVX512_BF16, AMX) unless told
-    # otherwise. bf16 keeps 8 bits of mantissa: box coordinates in pixels move by up to 2-4 px at 640 and the
-    # DFL's expectations by a tenth of a cell, enough to lose mAP50-95 (measured: boxes 16 px off on the tests'
-    # model). So float layers compute in f32, also in an fp16 IR (its weights are stored in fp16 and expanded) and
-    # in the layers an INT8 IR keeps in float.
+    # otherwise. bf16 keeps 8 bits of mantissa: box coordinates in pixels and the DFL's expectations move enough to
+    # lose mAP50-95. So float layers compute in f32, also in an fp16 IR (its weights are stored in fp16 and expanded)
+    # and in the layers an INT8 IR keeps in float.
     config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
     if device.type != "cpu":
         warnings.warn(f"{path}: OpenVINO runs on the CPU here, not on {device}", stacklevel=3)

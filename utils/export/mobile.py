@@ -29,6 +29,18 @@ CONVERTER_TIMEOUT = 1800  # seconds: an n model converts in seconds, an x model 
 COREML_METADATA = "yolo_flat"  # the key of the JSON in a Core ML package's user-defined metadata
 
 
+class OneToOnePerAnchor(torch.nn.Module):
+    """An end-to-end network answering in Detect.forward's mode "one2one_per_anchor", for tracers that call
+    forward(x) alone."""
+
+    def __init__(self, network):
+        super().__init__()
+        self.network = network
+
+    def forward(self, x):
+        return self.network(x, mode="one2one_per_anchor")
+
+
 def per_anchor(module, metadata):
     """For runtimes without TopK (NCNN) and converters that fail on it (coremltools): an end-to-end network answers
     its one-to-one head's decoded boxes and scores per anchor, and the loader picks the best max_det of them
@@ -36,9 +48,8 @@ def per_anchor(module, metadata):
     other format's."""
     if not metadata["end2end"]:
         return module
-    module.head.answer = module.head.decode  # on the copy float_copy made: the checkpoint's network is untouched
     metadata["topk_outside"] = module.head.max_det
-    return module
+    return OneToOnePerAnchor(module)
 
 
 def outside_topk(run, meta):
@@ -66,7 +77,7 @@ def run_converter(command, what, path, **options):
         )
 
 
-def write_ncnn(module, x, path, args, metadata, calibration):
+def write_ncnn(module, x, path, options, metadata, calibration):
     """NCNN's .param and .bin (fp16 weights with --half) by pnnx from the traced network, and metadata.json."""
     import pnnx
 
@@ -125,11 +136,11 @@ def load_ncnn(path, device):
 MNN_CONVERT = "import sys, _tools; _tools.mnnconvert(sys.argv)"
 
 
-def write_mnn(module, x, path, args, metadata, calibration):
+def write_mnn(module, x, path, options, metadata, calibration):
     """MNN from the fp32 ONNX graph by MNN's converter (fp16 weights with --half), the metadata as its bizCode."""
     with tempfile.TemporaryDirectory() as scratch:
         float_onnx = Path(scratch) / "fp32.onnx"
-        export_onnx(module, x, float_onnx, args, metadata)
+        export_onnx(module, x, float_onnx, options, metadata)
         strings = json.dumps(export_metadata(**metadata))
         command = [sys.executable, "-c", MNN_CONVERT, "-f", "ONNX", "--modelFile", str(float_onnx), "--MNNModel"]
         run_converter(command + [str(path), "--bizCode", strings] + ["--fp16"] * metadata["half"], "MNNConvert", path)
@@ -157,7 +168,7 @@ def load_mnn(path, device):
     return {**meta, "run": any_batch(run_batch, meta["batch"]), "device": torch.device("cpu")}
 
 
-def write_executorch(module, x, path, args, metadata, calibration):
+def write_executorch(module, x, path, options, metadata, calibration):
     """An ExecuTorch program (.pte): torch.export, lowered to the XNNPACK delegate (the CPU backend phones use), with
     the metadata as the program's constant method `metadata`."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -200,7 +211,7 @@ def load_executorch(path, device):
     return {**meta, "run": any_batch(run_batch, meta["batch"]), "device": torch.device("cpu")}
 
 
-def write_coreml(module, x, path, args, metadata, calibration):
+def write_coreml(module, x, path, options, metadata, calibration):
     """A Core ML ML program (.mlpackage) from torch.export: its input an RGB image, as Apple's Vision framework
     feeds a model (a CVPixelBuffer, scaled by 1/255 inside), its output the raw predictions as the other formats
     give them; fp16 compute with --half. Its spec is read back and checked (check_coreml_spec)."""

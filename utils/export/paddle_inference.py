@@ -26,7 +26,7 @@ from utils.export.writers import ExportError, float_copy
 os.environ.setdefault("GLOG_minloglevel", "2")  # Paddle's C++ logs a line per pass unless told otherwise
 
 
-def write_paddle(module, x, path, args, metadata, calibration):
+def write_paddle(module, x, path, options, metadata, calibration):
     from x2paddle.convert import pytorch2paddle
 
     # per_anchor: x2paddle's graph holds no TopK of the end-to-end head's kind; the loader picks the best 300

@@ -28,17 +28,17 @@ ROOT = Path(__file__).resolve().parents[2]  # the child imports utils.export.ten
 CONVERT = "import sys; sys.path.insert(0, sys.argv[1]); from utils.export.tensorflow_convert import convert; " + (
     "convert(*sys.argv[2:])"
 )
-# TensorFlow's notes at every import: its C++ log, and oneDNN's line, which TensorFlow 2.21 prints whatever the log
-# level. oneDNN's CPU kernels are off: measured, the same latency (YOLOv8n at 320 px: 38.1 ms on, 38.6 off) and the
-# reference kernels' results. Set where TensorFlow is not imported yet (the child's environment, tensorflow()).
+# TensorFlow's notes at every import: its C++ log, and oneDNN's line, which TensorFlow prints whatever the log level.
+# oneDNN's CPU kernels are off: the same latency as measured, and the reference kernels' results. Set where
+# TensorFlow is not imported yet (the child's environment, tensorflow()).
 QUIET = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
 
 
-def onnx_for_tensorflow(module, x, args, metadata, scratch):
+def onnx_for_tensorflow(module, x, options, metadata, scratch):
     """The fp32 ONNX graph of `module` (metadata completed with its names and shapes) and the test images onnx2tf
     runs it on (the check image, NHWC as onnx2tf takes them), in scratch."""
     onnx_path, images = scratch / "fp32.onnx", scratch / "images.npy"
-    export_onnx(module, x, onnx_path, args, metadata)
+    export_onnx(module, x, onnx_path, options, metadata)
     np.save(images, x.detach().float().cpu().permute(0, 2, 3, 1).numpy())
     return onnx_path, images
 
@@ -51,19 +51,19 @@ def run_onnx2tf(scratch, written, *arguments):
     run_converter(command, "onnx2tf", written, cwd=scratch, env=env)
 
 
-def write_saved_model(module, x, path, args, metadata, calibration):
+def write_saved_model(module, x, path, options, metadata, calibration):
     """A SavedModel in path's folder (path: its saved_model.pb), metadata.json beside it."""
     with tempfile.TemporaryDirectory() as scratch:
-        onnx_path, images = onnx_for_tensorflow(module, x, args, metadata, Path(scratch))
+        onnx_path, images = onnx_for_tensorflow(module, x, options, metadata, Path(scratch))
         run_onnx2tf(scratch, path, onnx_path, images, path.parent)
     (path.parent / METADATA_FILE).write_text(json.dumps(export_metadata(**metadata)))
 
 
-def write_pb(module, x, path, args, metadata, calibration):
+def write_pb(module, x, path, options, metadata, calibration):
     """A frozen GraphDef: the SavedModel written in a scratch folder, then frozen into path with the metadata in its
     node METADATA_NODE."""
     with tempfile.TemporaryDirectory() as scratch:
-        onnx_path, images = onnx_for_tensorflow(module, x, args, metadata, Path(scratch))
+        onnx_path, images = onnx_for_tensorflow(module, x, options, metadata, Path(scratch))
         strings = json.dumps(export_metadata(**metadata))  # with the ONNX graph's names and shapes, as the file's
         run_onnx2tf(scratch, path, onnx_path, images, Path(scratch) / "saved_model", path, strings)
 

@@ -43,7 +43,7 @@ def prepared_onnx(onnx_path):
 
 
 class _Int(int):
-    """int() that takes a one-element array: onnx2tf 1.28's TopK calls int() on its K, which ONNX stores as a 1-D
+    """int() that takes a one-element array: onnx2tf's TopK calls int() on its K, which ONNX stores as a 1-D
     tensor of one element, and numpy 2 refuses that (TypeError: only 0-dimensional arrays can be converted; YOLO26's
     end-to-end head). A subclass, since the same module tests isinstance(k, int). Ultralytics edits onnx2tf's file
     for this; shadowing the name in that one module of the child process leaves the installed package as it is."""
@@ -74,7 +74,7 @@ def keras_model(onnx_path, test_images):
 
 def save(model, folder):
     """The SavedModel, its one signature taking NCHW "images". tf_keras's ExportArchive traces that signature
-    only: tf.saved_model.save of the Keras model traces every layer's call too (18 s against 1.5 s for YOLOv8n)."""
+    only: tf.saved_model.save of the Keras model traces every layer's call too, many times slower."""
     import tensorflow as tf
     import tf_keras
 

@@ -32,17 +32,17 @@ def no_gpu():
     return None
 
 
-def write_engine(module, x, path, args, metadata, calibration):
+def write_engine(module, x, path, options, metadata, calibration):
     import tensorrt as trt
 
     with tempfile.TemporaryDirectory() as scratch:
         onnx_path = Path(scratch) / "model.onnx"
         if metadata["int8"]:
             float_onnx = Path(scratch) / "fp32.onnx"
-            export_onnx(module, x, float_onnx, args, metadata)
+            export_onnx(module, x, float_onnx, options, metadata)
             quantize_onnx(float_onnx, onnx_path, metadata, calibration)
         else:
-            export_onnx(module, x, onnx_path, args, metadata)
+            export_onnx(module, x, onnx_path, options, metadata)
         logger = trt.Logger(trt.Logger.WARNING)
         builder = trt.Builder(logger)
         typed = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
@@ -52,21 +52,23 @@ def write_engine(module, x, path, args, metadata, calibration):
             errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))[:300]
             raise ExportError(f"TensorRT {trt.__version__} cannot parse the ONNX graph ({errors}); try another --opset")
         config = builder.create_builder_config()
-        if args.workspace:
-            config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(args.workspace * (1 << 30)))
+        if options.workspace:
+            config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(options.workspace * (1 << 30)))
         if typed is None and metadata["half"]:  # an older TensorRT: precision by flags
             config.set_flag(trt.BuilderFlag.FP16)
         if typed is None and metadata["int8"]:
             config.set_flag(trt.BuilderFlag.INT8)
-        if args.dynamic:
+        if options.dynamic:
             profile = builder.create_optimization_profile()
             _, channels, h, w = x.shape
-            profile.set_shape("images", (1, channels, h, w), (args.batch, channels, h, w), (args.batch, channels, h, w))
+            profile.set_shape(
+                "images", (1, channels, h, w), (options.batch, channels, h, w), (options.batch, channels, h, w)
+            )
             config.add_optimization_profile(profile)
         engine = builder.build_serialized_network(network, config)
     if engine is None:
         raise ExportError(f"TensorRT {trt.__version__} could not build an engine (see its log above); try --workspace")
-    strings = json.dumps(export_metadata(**{**metadata, "dynamic": False, "engine_dynamic_batch": args.dynamic}))
+    strings = json.dumps(export_metadata(**{**metadata, "dynamic": False, "engine_dynamic_batch": options.dynamic}))
     with open(path, "wb") as f:
         f.write(len(strings.encode()).to_bytes(4, "little") + strings.encode() + bytes(engine))
 

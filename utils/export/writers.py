@@ -1,8 +1,8 @@
 """How each format is written: a write function per row of the table in utils/export/formats.py, all called as
-write(module, x, path, args, metadata, calibration) by export.py.
+write(module, x, path, options, metadata, calibration) by export.py.
 
 module: the fused network (or ModelWithNMS around it) in the precision to trace; x: an input of the exported size;
-args: export.py's arguments (opset, dynamic, nms, end2end, max_det, simplify); metadata: export_metadata's values,
+options: export.py's ExportOptions (utils/export/options.py); metadata: export_metadata's values,
 with half and int8 set, completed here with the input and output names and shapes; calibration: for INT8, a
 callable giving the calibration inputs (float32 arrays), else None. The packages a row lists are checked before its
 write function runs, so these import them plainly. OpenVINO and INT8 start from an fp32 ONNX graph (export_onnx).
@@ -84,14 +84,15 @@ class ModelWithNMS(torch.nn.Module):
     """The network followed by NMS, written with ops that export to ONNX with a dynamic batch and a
     dynamic number of boxes. One NMS call serves every image and class: each box is shifted by
     (class * span, image * span), span larger than any box, so boxes of different classes or
-    images never overlap, and torchvision.ops.nms becomes ONNX NonMaxSuppression."""
+    images never overlap, and torchvision.ops.nms becomes ONNX NonMaxSuppression. The network answers per anchor
+    (Detect.forward's mode "per_anchor": YOLO26's one-to-many head)."""
 
     def __init__(self, model, conf, iou, max_det):
         super().__init__()
         self.model, self.conf, self.iou, self.max_det = model, conf, iou, max_det
 
     def forward(self, x):
-        pred = self.model(x).float()  # fp32 even for --half: the shifts below would overflow fp16
+        pred = self.model(x, mode="per_anchor").float()  # fp32 even for --half: the shifts below would overflow fp16
         boxes, (score, cls) = pred[..., :4], pred[..., 4:].max(2)
         # Image index of every box, and the zero output, derived from tensors rather than from
         # x.shape: the tracer would freeze a Python int into the graph and the batch stop being dynamic.
@@ -114,35 +115,35 @@ class ModelWithNMS(torch.nn.Module):
         return out.view(-1, self.max_det, 6), same_image.sum(0).clamp(max=self.max_det).long()
 
 
-def write_onnx(module, x, path, args, metadata, calibration):
+def write_onnx(module, x, path, options, metadata, calibration):
     """fp32 and fp16: the traced graph. INT8: that graph in fp32, quantized by ONNX Runtime (quantize_onnx)."""
     if not metadata["int8"]:
-        return export_onnx(module, x, path, args, metadata)
+        return export_onnx(module, x, path, options, metadata)
     with tempfile.TemporaryDirectory() as scratch:
         float_onnx = Path(scratch) / "fp32.onnx"
-        export_onnx(module, x, float_onnx, args, dict(metadata))
+        export_onnx(module, x, float_onnx, options, dict(metadata))
         quantize_onnx(float_onnx, path, metadata, calibration)
 
 
-def write_openvino(module, x, path, args, metadata, calibration):
+def write_openvino(module, x, path, options, metadata, calibration):
     """The fp32 ONNX graph converted to an OpenVINO IR (export_openvino): fp16 weights with --half, INT8 by NNCF."""
     with tempfile.TemporaryDirectory() as scratch:
         float_onnx = Path(scratch) / "fp32.onnx"
-        export_onnx(module, x, float_onnx, args, dict(metadata))
+        export_onnx(module, x, float_onnx, options, dict(metadata))
         export_openvino(float_onnx, path, metadata, metadata["half"], calibration if metadata["int8"] else None)
 
 
-def export_onnx(module, x, path, args, metadata):
+def export_onnx(module, x, path, options, metadata):
     import onnx
 
-    names_out = ["detections", "count"] if args.nms else ["output"]
+    names_out = ["detections", "count"] if options.nms else ["output"]
     dynamic_axes = None
-    if args.dynamic:
+    if options.dynamic:
         dynamic_axes = {
             "images": {0: "batch", 2: "height", 3: "width"},
-            names_out[0]: {0: "batch"} if args.nms or args.end2end else {0: "batch", 1: "anchors"},
+            names_out[0]: {0: "batch"} if options.nms or options.end2end else {0: "batch", 1: "anchors"},
         }
-        if args.nms:
+        if options.nms:
             dynamic_axes["count"] = {0: "batch"}
     with warnings.catch_warnings():  # the tracer's warnings about shapes are expected and would bury the report
         warnings.simplefilter("ignore")
@@ -153,16 +154,16 @@ def export_onnx(module, x, path, args, metadata):
             x,
             str(path),
             dynamo=False,
-            opset_version=args.opset,
+            opset_version=options.opset,
             input_names=["images"],
             output_names=names_out,
             dynamic_axes=dynamic_axes,
         )
     graph = onnx.load(str(path))
-    if args.nms:  # the exporter cannot infer these two sizes through the scatter; they are fixed
-        for dim, size in zip(graph.graph.output[0].type.tensor_type.shape.dim[1:], (args.max_det, 6)):
+    if options.nms:  # the exporter cannot infer these two sizes through the scatter; they are fixed
+        for dim, size in zip(graph.graph.output[0].type.tensor_type.shape.dim[1:], (options.max_det, 6)):
             dim.dim_value = size
-    if args.simplify:
+    if options.simplify:
         graph = simplify(graph)
     shape = lambda t: [d.dim_param or d.dim_value for d in t.type.tensor_type.shape.dim]  # noqa: E731
     metadata.update(
@@ -191,31 +192,31 @@ def simplify(graph):
     return graph
 
 
-def write_torchscript(module, x, path, args, metadata, calibration):
+def write_torchscript(module, x, path, options, metadata, calibration):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(module, x, check_trace=False)  # the NMS output legitimately varies in size
     outputs = module(x)
     outputs = [list(o.shape) for o in (outputs if isinstance(outputs, tuple) else (outputs,))]
     input_shape = list(x.shape)
-    if args.dynamic:  # name the dimensions that vary, as the ONNX graph does
+    if options.dynamic:  # name the dimensions that vary, as the ONNX graph does
         input_shape = ["batch", 3, "height", "width"]
-        per_anchor = not (args.nms or args.end2end)
+        per_anchor = not (options.nms or options.end2end)
         outputs = [["batch", "anchors", outputs[0][2]]] if per_anchor else [["batch", *o[1:]] for o in outputs]
-    names_out = ["detections", "count"] if args.nms else ["output"]
+    names_out = ["detections", "count"] if options.nms else ["output"]
     metadata.update(input_names=["images"], output_names=names_out, input_shapes=[input_shape], output_shapes=outputs)
     with warnings.catch_warnings():  # torch.jit is deprecated in favour of torch.export, yet still the portable format
         warnings.simplefilter("ignore", FutureWarning)
         torch.jit.save(traced, str(path), _extra_files={METADATA_FILE: json.dumps(export_metadata(**metadata))})
 
 
-def write_tflite(module, x, path, args, metadata, calibration):
+def write_tflite(module, x, path, options, metadata, calibration):
     """A TFLite (LiteRT) flatbuffer converted from the PyTorch module by litert-torch (torch.export, then LiteRT's
     converter; the input stays NCHW like the other formats), and the metadata as metadata.json in a zip archive
     appended to it, where the interpreter, which reads the flatbuffer from its start, does not look."""
     module, x = float_copy(module), x.float().cpu().contiguous()
     # The anchor grid as constants: litert-torch keeps the ops that build it (arange, broadcast, concat), which other
-    # converters fold; the file ran 1-3% slower than Ultralytics' (which sets its grid before export) until then
+    # converters fold, and they slow the file (Ultralytics sets its grid before export too)
     module.head.fix_anchors(*x.shape[-2:])
     # In a process of its own: the conversion starts JAX's thread pools, and the data loader workers of the gate
     # would then be forked from a multithreaded process (JAX warns of deadlocks).
@@ -234,7 +235,7 @@ def write_tflite(module, x, path, args, metadata, calibration):
 def float_copy(module):
     """A copy of the network to convert, on the CPU, in fp32, with contiguous weights: converters that start from
     torch.export or a trace (litert-torch, pnnx, ExecuTorch, coremltools) were given channels_last weights (as this
-    repo loads them, for speed), and litert-torch's file came out silently wrong (raw outputs 24 px off)."""
+    repo loads them, for speed), and litert-torch's file came out silently wrong (its raw outputs far off)."""
     return copy.deepcopy(module).float().cpu().eval().to(memory_format=torch.contiguous_format)
 
 
