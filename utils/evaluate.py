@@ -111,9 +111,9 @@ def coco_map(gt, detections, category_ids, max_det=300):
 
 
 def precision_recall(scores, hits, n_gt):
-    """Precision and recall per class at IoU 0.5, at the one confidence that maximises the mean F1
+    """Precision and recall per class at the IoU of mAP50, at the one confidence that maximises the mean F1
     over classes (the operating point YOLO tables report), plus the curves for plotting.
-    scores, hits: per class, the detections' scores and whether each matched a box at IoU 0.5;
+    scores, hits: per class, the detections' scores and whether each matched a box at that IoU;
     n_gt: boxes per class."""
     nc = len(n_gt)
     grid = np.linspace(0, 1, 1000)
@@ -138,7 +138,7 @@ def precision_recall(scores, hits, n_gt):
 
 
 def matches_from_cocoeval(ev, category_ids):
-    """(scores, hits at IoU 0.5, n_gt) per class, read from pycocotools' per-image results."""
+    """(scores, hits at the IoU of mAP50, n_gt) per class, read from pycocotools' per-image results."""
     nc = len(category_ids)
     scores, hits, n_gt = [[] for _ in range(nc)], [[] for _ in range(nc)], np.zeros(nc)
     if ev is not None:
