@@ -24,8 +24,15 @@ from pathlib import Path
 import numpy as np
 
 from utils.audit.corrections import write_corrections
-from utils.audit.folds import fold_of_images, fold_state, predict_command, sweep_spec, train_command, write_fold_yaml
-from utils.audit.folds import write_workspace
+from utils.audit.folds import (
+    fold_of_images,
+    fold_state,
+    predict_command,
+    sweep_spec,
+    train_command,
+    write_fold_yaml,
+    write_workspace,
+)
 from utils.audit.page import write_issues_csv, write_page
 from utils.audit.score import KINDS, score_image
 from utils.data.dataset_yaml import DatasetError, load_dataset_yaml

@@ -133,7 +133,7 @@ def _empty_xml(image, shape):
 
 
 def write_coco(fixed, data, folder):
-    """<its folder>/<json name> for each source json: its images with a fix, their crowd annotations kept, the others replaced."""
+    """<its folder>/<json name> for each source json: its images with a fix, crowd annotations kept, others replaced."""
     by_json = defaultdict(dict)
     for _, (item, rows) in fixed.items():
         by_json[item.json][item.image_id] = rows
