@@ -125,6 +125,7 @@ def write_page(issues, names, out, note=""):
         rows.append(ROW.format(
             n=n, crop=shown, kind=issue["kind"].replace("_", " "), label=html.escape(label),
             suggested=html.escape(suggested), score=issue["score"],
-            link=html.escape(relative_link(issue["image"], out)), name=html.escape(Path(issue["image"]).name), box=", ".join(f"{v:.0f}" for v in issue["box"]),
+            link=html.escape(relative_link(issue["image"], out)), name=html.escape(Path(issue["image"]).name),
+            box=", ".join(f"{v:.0f}" for v in issue["box"]),
         ))  # fmt: skip
     (out / "index.html").write_text(PAGE.format(count=len(issues), note=html.escape(note), rows="\n".join(rows)))
