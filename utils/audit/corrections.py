@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from utils.data.coco_json import CocoItem
+from utils.data.labels import label_path
 from utils.data.voc import VocItem
 
 
@@ -80,18 +81,19 @@ def link(source, target):
 
 
 def write_yolo(fixed, records, data, folder):
-    """images/<path under the dataset folder> linked, labels/<same>.txt, classes.txt (labelImg and CVAT read it)."""
+    """Each image linked at its path under the dataset folder (else images/<name>), its .txt where the YOLO rule looks
+    (utils/data/labels.py label_path), and classes.txt (labelImg and CVAT read it)."""
     root = Path(data["root"]).resolve()
     for i, (_, rows) in fixed.items():
         image = Path(records.path(i)).resolve()
-        relative = image.relative_to(root) if image.is_relative_to(root) else Path(image.name)
-        link(image, folder / "images" / relative)
+        target = folder / (image.relative_to(root) if image.is_relative_to(root) else Path("images") / image.name)
+        link(image, target)
         h, w = records.shapes[i]
         lines = [
             f"{int(c)} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}\n"
             for c, x1, y1, x2, y2 in rows
         ]
-        label = (folder / "labels" / relative).with_suffix(".txt")
+        label = Path(label_path(str(target)))
         label.parent.mkdir(parents=True, exist_ok=True)
         label.write_text("".join(lines))
     (folder / "classes.txt").write_text("".join(f"{n}\n" for n in data["names"]))

@@ -29,6 +29,11 @@ def overlap_weight(iou):
     return np.clip((iou - 0.25) / 0.35, 0.0, 1.0)
 
 
+def presence_weight(iou):
+    """How far a prediction shows that something is there at all: 0 below IoU 0.1, 1 from 0.4 (a shifted box's)."""
+    return np.clip((iou - 0.1) / 0.3, 0.0, 1.0)
+
+
 def merge_classes(predictions):
     """The predictions with the same object's lower-confidence boxes of other classes dropped (highest first)."""
     order = np.argsort(-predictions[:, 4], kind="stable")
@@ -68,10 +73,9 @@ def score_image(labels, predictions, nc, ignored=None):
     pairs = match(boxes, objects)
     issues = _missing(boxes, objects, pairs, ignored)
     iou = box_iou(boxes, predictions[:, :4])
-    weight = overlap_weight(iou)
     for j in range(len(labels)):
-        own = pairs.get(j)
-        issues += _box_issues(j, boxes, classes, predictions, weight[j], objects[own] if own is not None else None, nc)
+        own = objects[pairs[j]] if j in pairs else None
+        issues += _box_issues(j, boxes, classes, predictions, iou[j], own, nc)
     return issues
 
 
@@ -90,11 +94,11 @@ def _missing(boxes, objects, pairs, ignored):
     ]  # fmt: skip
 
 
-def _box_issues(j, boxes, classes, predictions, weight, own, nc):
-    """The four scores of annotated box j: wrong class, badly placed, spurious, duplicate."""
+def _box_issues(j, boxes, classes, predictions, iou, own, nc):
+    """The four scores of annotated box j (iou: with each prediction): wrong class, badly placed, spurious, duplicate."""
     c, box = classes[j], boxes[j].tolist()
     per_class = np.zeros(nc)
-    np.maximum.at(per_class, predictions[:, 5].astype(int), predictions[:, 4] * weight)
+    np.maximum.at(per_class, predictions[:, 5].astype(int), predictions[:, 4] * overlap_weight(iou))
     same, others = per_class[c], np.delete(per_class, c)
     other_class = int(np.delete(np.arange(nc), c)[others.argmax()]) if nc > 1 else c
     other = others.max() if nc > 1 else 0.0
@@ -104,7 +108,7 @@ def _box_issues(j, boxes, classes, predictions, weight, own, nc):
         iou = box_iou(boxes[j : j + 1], own[None, :4])[0, 0]
         issues.append(dict(kind="badly_placed", label=j, cls=int(c), box=box, score=float(own[4] * (1 - iou)),
                            suggestion=own[:4].tolist()))  # fmt: skip
-    support = (predictions[:, 4] * weight).max() if len(predictions) else 0.0
+    support = (predictions[:, 4] * presence_weight(iou)).max() if len(predictions) else 0.0
     issues.append(dict(kind="spurious", label=j, cls=int(c), box=box, score=float(1 - support), suggestion=None))
     twins = box_iou(boxes[j : j + 1], boxes)[0] * (classes == c)
     twins[j] = 0
