@@ -108,7 +108,8 @@ def cleanlab(labels, predictions, nc, python):
     """cleanlab's scores on the same predictions, turned so that higher = more likely (1 - its score)."""
     images = list(labels)
     given = {
-        "labels": [{"bboxes": labels[i][:, 1:].tolist(), "labels": labels[i][:, 0].astype(int).tolist()} for i in images],
+        "labels": [{"bboxes": labels[i][:, 1:].tolist(), "labels": labels[i][:, 0].astype(int).tolist()}
+                   for i in images],
         "predictions": [
             [predictions[i][predictions[i][:, 5] == c, :5].tolist() for c in range(nc)] for i in images
         ],

@@ -95,7 +95,7 @@ def _missing(boxes, objects, pairs, ignored):
 
 
 def _box_issues(j, boxes, classes, predictions, iou, own, nc):
-    """The four scores of annotated box j (iou: with each prediction): wrong class, badly placed, spurious, duplicate."""
+    """Box j's scores (iou: with each prediction): wrong class, badly placed, spurious, duplicate."""
     c, box = classes[j], boxes[j].tolist()
     per_class = np.zeros(nc)
     np.maximum.at(per_class, predictions[:, 5].astype(int), predictions[:, 4] * overlap_weight(iou))
