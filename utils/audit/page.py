@@ -102,7 +102,13 @@ padding:4px 8px;text-align:left;vertical-align:middle}} .label{{color:#e62828}} 
 <table><thead><tr><th>#</th><th>crop</th><th>kind</th><th>label</th><th>suggested</th><th>score</th><th>image</th></tr>
 </thead><tbody>
 {rows}
-</tbody></table></body></html>
+</tbody></table>
+<script>/* for a check in a headless browser: how many crops loaded */
+window.addEventListener("load", function () {{
+  var shown = 0;
+  for (var image of document.images) {{ if (image.complete && image.naturalWidth > 0) shown++; }}
+  document.body.setAttribute("data-crops-shown", shown);
+}});</script></body></html>
 """
 ROW = (
     '<tr class="issue"><td>{n}</td><td>{crop}</td><td>{kind}</td><td class="label">{label}</td>'
