@@ -17,6 +17,7 @@ never written to). How to read and use them: docs/audit.md.
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -88,8 +89,12 @@ names, nc = data["names"], data["nc"]
 
 if args.print_sweep:  # the spec's experiments run this script with --fold K and the same folder
     out = Path(args.out or "runs/audit/exp").resolve()
-    given = [a for a in sys.argv[1:] if a != "--print-sweep"]
-    print(sweep_spec([f"'{a}'" if " " in a else a for a in given if not a.startswith("--out")], out, args.folds))
+    given, skip = [], False
+    for a in sys.argv[1:]:  # every flag but these, which the spec sets itself
+        if not skip and a != "--print-sweep" and not a.startswith(("--out", "--fold=")) and a != "--fold":
+            given.append(shlex.quote(a))
+        skip = a in ("--out", "--fold")
+    print(sweep_spec(given, out, args.folds))
     sys.exit(0)
 out = Path(args.out) if args.out else next_run_dir("runs/audit/exp")
 out.mkdir(parents=True, exist_ok=True)

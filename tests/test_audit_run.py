@@ -104,3 +104,14 @@ def test_a_set_without_boxes_gets_one_sentence(tmp_path):
     code, output = audit("--data", tmp_path / "empty.yaml", "--out", tmp_path / "audit")
     assert code == 1
     assert f"error: {tmp_path / 'empty.yaml'} has no box in its 6 train and val images, so nothing to audit" in output
+
+
+def test_the_folds_print_as_a_sweep_grid_of_one_experiment_each(tmp_path, shapes):
+    flags = ["--data", shapes, "--folds", "3", "--epochs", "1", "--print-sweep", "--out", tmp_path / "a"]
+    printed = warm_python.run([sys.executable, "audit.py", *map(str, flags)], REPO)
+    assert printed.returncode == 0, printed.stderr
+    (tmp_path / "folds.yaml").write_text(printed.stdout)
+    dry = warm_python.run([sys.executable, "tools/sweep.py", str(tmp_path / "folds.yaml"), "--dry-run"], REPO)
+    commands = [line for line in dry.stdout.splitlines() if line.startswith("python audit.py")]
+    assert [c.split()[-1] for c in commands] == ["0", "1", "2"]  # --fold K
+    assert all(f"--out {tmp_path / 'a'} --fold" in c and "--epochs 1" in c for c in commands)

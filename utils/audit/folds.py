@@ -35,6 +35,8 @@ def write_workspace(records, names, folder):
         if not link.exists():
             try:
                 link.symlink_to(source)
+            except FileExistsError:  # another fold's process (a sweep) made it first
+                pass
             except OSError:  # a file system without links (some Windows and network drives)
                 shutil.copyfile(source, link)
         rows = records.labels_of(i)
@@ -45,7 +47,9 @@ def write_workspace(records, names, folder):
         text = "\n".join(lines) + ("\n" if lines else "")
         label = labels / (link.stem + ".txt")
         if not label.exists() or label.read_text() != text:  # unchanged files keep their times: the cache stays valid
-            label.write_text(text)
+            part = label.with_name(f"{label.name}.{os.getpid()}")
+            part.write_text(text)
+            os.replace(part, label)  # whole: the folds of a sweep write the same files at once
         paths.append(str(link))
     return paths
 
