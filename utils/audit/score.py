@@ -29,11 +29,6 @@ def overlap_weight(iou):
     return np.clip((iou - 0.25) / 0.35, 0.0, 1.0)
 
 
-def presence_weight(iou):
-    """How far a prediction shows that something is there at all: 0 below IoU 0.1, 1 from 0.4 (a shifted box's)."""
-    return np.clip((iou - 0.1) / 0.3, 0.0, 1.0)
-
-
 def merge_classes(predictions):
     """The predictions with the same object's lower-confidence boxes of other classes dropped (highest first)."""
     order = np.argsort(-predictions[:, 4], kind="stable")
@@ -105,10 +100,11 @@ def _box_issues(j, boxes, classes, predictions, iou, own, nc):
     issues = [dict(kind="wrong_class", label=j, cls=int(c), box=box, score=float(other * (1 - same)),
                    suggestion=other_class)]  # fmt: skip
     if own is not None:  # the model's box for this object: its confidence times how far the edges disagree
-        iou = box_iou(boxes[j : j + 1], own[None, :4])[0, 0]
-        issues.append(dict(kind="badly_placed", label=j, cls=int(c), box=box, score=float(own[4] * (1 - iou)),
+        own_iou = box_iou(boxes[j : j + 1], own[None, :4])[0, 0]
+        issues.append(dict(kind="badly_placed", label=j, cls=int(c), box=box, score=float(own[4] * (1 - own_iou)),
                            suggestion=own[:4].tolist()))  # fmt: skip
-    support = (predictions[:, 4] * presence_weight(iou)).max() if len(predictions) else 0.0
+    # something is there when the model finds any object at IoU MATCH_IOU or more (a neighbour's box overlaps less)
+    support = predictions[iou >= MATCH_IOU, 4].max(initial=0.0)
     issues.append(dict(kind="spurious", label=j, cls=int(c), box=box, score=float(1 - support), suggestion=None))
     twins = box_iou(boxes[j : j + 1], boxes)[0] * (classes == c)
     twins[j] = 0
