@@ -90,9 +90,9 @@ def prepare(folder, out):
     budget = math.ceil(0.05 * sum(len(rows) for rows in labels.values()))
     rng = np.random.default_rng(0)
     picks = {"audit": issues[:budget], "random": [issues[i] for i in rng.permutation(len(issues))[:budget]]}
-    noisy = read_voc(folder / "noisy")
     fixes = {}
     for run, picked in picks.items():
+        noisy = read_voc(folder / "noisy")  # afresh: write_voc takes the objects out of these trees
         fixed = flagged_errors(picked, labels, truth["errors"], names)
         write_voc(folder / "noisy", out / run / "voc", noisy, restored(noisy, truth["errors"], fixed))
         (out / run / "data.yaml").write_text(f"voc: {out / run / 'voc'}\nnames: {json.dumps(names)}\n")
