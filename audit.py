@@ -52,7 +52,9 @@ parser.add_argument("--weights", default="", help="with --folds 0: the trained m
 parser.add_argument("--fold", type=int, default=None, help="train and predict this fold only (a sweep's experiment)")
 parser.add_argument("--print-sweep", action="store_true", help="print a tools/sweep.py spec of the folds and exit")
 parser.add_argument("--seed", type=int, default=0, help="the split into folds (and train.py's --seed)")
-parser.add_argument("--imgsz", type=int, default=640, help="image size for training and prediction")
+parser.add_argument(
+    "--imgsz", type=int, default=0, help="image size for training and prediction (0: train.py's, the checkpoint's)"
+)
 parser.add_argument("--device", default="", help="cpu, 0, ... (train.py's and val.py's --device)")
 parser.add_argument("--min-score", type=float, default=0.1, help="issues scored lower are left out of the outputs")
 parser.add_argument("--fix-score", type=float, default=0.5, help="issues from this score are applied in corrections/")
@@ -126,6 +128,7 @@ def predict_fold(weights, fold_yaml, val_dir, log_file):
     """val.py's predictions of one fold (kept on disk: a rerun reads them); None when it failed."""
     if not (val_dir / "predictions.json").exists():
         flags = ["--imgsz", str(args.imgsz), "--conf", "0.001"] + (["--device", args.device] if args.device else [])
+        # --imgsz 0: the size the checkpoint was trained at; 0.001: every box the model half-sees counts as evidence
         if run_logged(predict_command(sys.executable, weights, fold_yaml, val_dir, flags), log_file):
             return None
     return read_predictions(val_dir)
@@ -135,7 +138,8 @@ def train_fold(k, fold_yaml, run):
     """train.py on the other folds, resumed where it stopped; True when its best.pt is complete."""
     if fold_state(run) == "done":
         return True
-    own = ["--seed", str(args.seed), "--imgsz", str(args.imgsz)] + (["--device", args.device] if args.device else [])
+    own = ["--seed", str(args.seed)] + (["--imgsz", str(args.imgsz)] if args.imgsz else [])
+    own += ["--device", args.device] if args.device else []
     flags = own + (["--weights", args.weights] if args.weights else []) + train_flags
     log.info(f"fold {k}: {' '.join(train_command(sys.executable, run, fold_yaml, flags)[1:])}")
     code = run_logged(train_command(sys.executable, run, fold_yaml, flags), run.with_suffix(".log"))
