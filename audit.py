@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parent
 parser = argparse.ArgumentParser(
     description="Rank the likely label errors of a dataset (flags it does not know go to train.py)",
     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    allow_abbrev=False,  # a train.py flag that starts like one of ours (--fi for --fitness) goes to train.py whole
 )
 parser.add_argument("--data", required=True, help="dataset yaml (YOLO txt, VOC or COCO json splits)")
 parser.add_argument("--folds", type=int, default=4, help="K of the K-fold training; 0 = score with --weights as it is")
