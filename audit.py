@@ -129,7 +129,7 @@ def predict_fold(weights, fold_yaml, val_dir, log_file):
     """val.py's predictions of one fold (kept on disk: a rerun reads them); None when it failed."""
     if not (val_dir / "predictions.json").exists():
         flags = ["--imgsz", str(args.imgsz), "--conf", "0.001"] + (["--device", args.device] if args.device else [])
-        # --imgsz 0: the size the checkpoint was trained at; 0.001: every box the model half-sees counts as evidence
+        # --imgsz 0: the size the checkpoint was trained at; a low --conf: every box the model half-sees is evidence
         if run_logged(predict_command(sys.executable, weights, fold_yaml, val_dir, flags), log_file):
             return None
     return read_predictions(val_dir)

@@ -24,9 +24,17 @@ def box_iou(a, b):
     return inter / np.maximum(area_a[:, None] + area_b[None] - inter, 1e-9)
 
 
+EVIDENCE_IOU = (
+    0.25,
+    0.6,
+)  # a prediction overlapping a box less than the first says nothing of it; from the second, all
+
+
 def overlap_weight(iou):
-    """How far a prediction counts as evidence about a box: 0 below IoU 0.25, 1 from 0.6 (a loose box still counts)."""
-    return np.clip((iou - 0.25) / 0.35, 0.0, 1.0)
+    """How far a prediction counts as evidence about a box: 0 below EVIDENCE_IOU's first, 1 from its second, linear
+    between (a loose box still counts)."""
+    low, high = EVIDENCE_IOU
+    return np.clip((iou - low) / (high - low), 0.0, 1.0)
 
 
 def merge_classes(predictions):
