@@ -159,6 +159,11 @@ if args.folds == 0:
 else:
     fold = fold_of_images([Path(records.path(i)).name for i in range(len(records))], args.folds, args.seed)
     (out / "folds").mkdir(exist_ok=True)
+    split = out / "folds" / "split.json"  # a resumed folder's folds were trained on this split, and no other
+    if split.exists() and json.loads(split.read_text()) != {"folds": args.folds, "seed": args.seed}:
+        sys.exit(f"error: {out} holds folds of another split ({split.read_text()}); give that --folds and --seed, "
+                 "or another --out")  # fmt: skip
+    split.write_text(json.dumps({"folds": args.folds, "seed": args.seed}))
     failed = []
     for k in range(args.folds) if args.fold is None else [args.fold]:
         held = [p for p, f in zip(images, fold) if f == k]

@@ -93,6 +93,8 @@ def test_a_failed_fold_is_said_the_others_kept_and_the_same_command_resumes_it(t
     assert code == 0, output
     assert "fold 0:" not in output and "fold 1: train.py" in output  # fold 0 is kept, fold 1 trains
     assert len((out / "predictions.json").read_text()) > len(first)  # every image has its prediction now
+    code, output = audit(*command[:3], "3", *command[4:])  # another split cannot reuse these folds
+    assert code == 1 and f"error: {out} holds folds of another split" in output
 
 
 def test_a_set_without_boxes_gets_one_sentence(tmp_path):
