@@ -56,7 +56,7 @@ def main():
         teacher_maps = None
         if teacher_name:
             with torch.no_grad():
-                teacher_maps = teachers[teacher_name](images.to(dtypes[teacher_name]))[1]
+                teacher_maps = teachers[teacher_name](images.to(dtypes[teacher_name]), mode="maps")
         loss, _ = loss_fn(maps, targets, teacher_maps)
         loss.backward()
         optimizer.step()
