@@ -114,7 +114,7 @@ class Detect(nn.Module):
     def fix_anchors(self, h, w):
         """Hold the anchor grid of an h x w input as constants, for an exporter that traces at that one size
         (utils/export/writers.py, LiteRT), since a grid computed in the graph slows that file
-        (bench/RESULTS.md#deploy-export-formats-int8-the-accuracy-gate). make_anchors reads only the maps' sizes."""
+        (bench/RESULTS.md#export-formats). make_anchors reads only the maps' sizes."""
         sizes = [torch.empty(0, 0, h // s, w // s, device=self.bins.device) for s in self.strides]
         self.fixed_anchors = make_anchors(sizes, self.strides)
 

@@ -242,7 +242,7 @@ def amp_dtype_for(device, choice="auto"):
 def teacher_dtype_for(device, use_amp, amp_dtype):
     """train.py --teacher: the dtype its frozen network runs in. Under AMP, the run's (its forward then costs what
     the student's does under autocast). In an fp32 run on a CPU that computes bf16 itself, bf16 too: the teacher's
-    forward is far cheaper there (AMX; bench/RESULTS.md#distillation-accuracy-and-cost), and its scores, targets of a
+    forward is far cheaper there (AMX; bench/RESULTS.md#distillation), and its scores, targets of a
     KL and not gradients, keep enough of their digits in bf16. Else fp32."""
     if use_amp:
         return amp_dtype

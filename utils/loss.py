@@ -38,7 +38,7 @@ def resolve_class_weights(text, class_ids, nc):
     at CLASS_WEIGHT_CAP x the smallest, scaled to mean 1 over the classes. That keeps the negatives' share of the
     class term (every channel has about as many negatives), not the positives': most positives are of the common
     classes, which weigh less, so the class term of an imbalanced set shrinks next to the box terms
-    (bench/RESULTS.md#rare-classes---cls-weights-auto). A list is used as written. The
+    (bench/RESULTS.md#rare-classes). A list is used as written. The
     numbers go into args.yaml and last.pt, so that a resumed run weighs exactly as it started even if the labels
     have changed since. ValueError: one sentence naming the flag."""
     text = str(text).strip().strip("[]")  # "[1, 2]": a dataset yaml's `defaults:` may give a list

@@ -39,7 +39,7 @@ DEFAULT_OVERLAP = 0.2  # SAHI's default: 20 % of a tile shared with each neighbo
 MATCH = 0.5  # the IoU (whole boxes) or covered fraction (cut boxes) at which two boxes are one object
 EDGE = 2.0  # model-input px: a box this close to a tile side inside the image is cut (boxes are clipped to the tile)
 # Input pixels per forward when the model takes any batch size: 32 tiles at 320 px, 8 at 640, since small maps pay a
-# per-call overhead (bench/RESULTS.md#sliced-inference---tile-on-large-images)
+# per-call overhead (bench/RESULTS.md#sliced-inference)
 BATCH_PIXELS = 32 * 320 * 320
 
 

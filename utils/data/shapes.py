@@ -191,7 +191,7 @@ def make_shapes(root, n_train=1000, n_val=200, seed=0, size=320, style="shapes",
     """Write images/{train,val}/*.jpg and labels/{train,val}/*.txt under root. Returns root.
     Does nothing when root already holds a set made with the same settings. `class_odds`: the relative frequency of
     each class in the train split (0: never drawn), for an imbalanced set
-    (bench/RESULTS.md#rare-classes---cls-weights-auto); the val split draws the classes whose odds are not 0 equally
+    (bench/RESULTS.md#rare-classes); the val split draws the classes whose odds are not 0 equally
     often, so that each class's AP is measured on as many objects."""
     root = Path(root)
     marker = root / "shapes.json"
