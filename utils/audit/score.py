@@ -107,9 +107,10 @@ def _box_issues(j, boxes, classes, predictions, iou, own, nc):
     other = others.max() if nc > 1 else 0.0
     issues = [dict(kind="wrong_class", label=j, cls=int(c), box=box, score=float(other * (1 - same)),
                    suggestion=other_class)]  # fmt: skip
-    if own is not None:  # the model's box for this object: its confidence times how far the edges disagree
+    if own is not None:  # how far the edges of the model's box for this object disagree: a weak model's confidence
+        # says whether an object is there, not where its edges lie (bench/RESULTS.md#label-audit)
         own_iou = box_iou(boxes[j : j + 1], own[None, :4])[0, 0]
-        issues.append(dict(kind="badly_placed", label=j, cls=int(c), box=box, score=float(own[4] * (1 - own_iou)),
+        issues.append(dict(kind="badly_placed", label=j, cls=int(c), box=box, score=float(1 - own_iou),
                            suggestion=own[:4].tolist()))  # fmt: skip
     # something is there when the model finds any object at IoU MATCH_IOU or more (a neighbour's box overlaps less)
     support = predictions[iou >= MATCH_IOU, 4].max(initial=0.0)
