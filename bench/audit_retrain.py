@@ -54,12 +54,13 @@ def flagged_errors(issues, labels, truth, names):
     return found
 
 
-def restored(noisy, truth, fixed):
-    """{stem: [(name, box)]} of the noisy VOC objects with the errors in `fixed` put back as they were."""
-    objects = {stem: [(name, list(box)) for _, name, box in o] for stem, _, _, _, o in noisy}
+def restored(noisy, truth, fixed, root):
+    """{image: [(name, box)]} of the noisy VOC objects (images relative to the copy's `root`, as read_voc keys them)
+    with the errors in `fixed` put back as they were."""
+    objects = {image: [(name, list(box)) for _, name, box in o] for image, _, _, _, o in noisy}
     for n in sorted(fixed):
         error = truth[n]
-        stem = Path(error["image"]).stem
+        stem = str(Path(error["image"]).absolute().relative_to(root.absolute()))
         voc = lambda box: [box[0] + 1, box[1] + 1, box[2], box[3]]  # noqa: E731  back to VOC's 1-based numbers
         if error["kind"] == "missing":
             objects[stem].append((error["original_class"], voc(error["original_box"])))
@@ -94,7 +95,7 @@ def prepare(folder, out):
     for run, picked in picks.items():
         noisy = read_voc(folder / "noisy")  # afresh: write_voc takes the objects out of these trees
         fixed = flagged_errors(picked, labels, truth["errors"], names)
-        write_voc(folder / "noisy", out / run / "voc", noisy, restored(noisy, truth["errors"], fixed))
+        write_voc(folder / "noisy", out / run / "voc", noisy, restored(noisy, truth["errors"], fixed, folder / "noisy"))
         (out / run / "data.yaml").write_text(f"voc: {out / run / 'voc'}\nnames: {json.dumps(names)}\n")
         fixes[run] = len(fixed)
     return fixes, budget
