@@ -59,12 +59,9 @@ SCRATCH = dict(
 # iterations against its w warmup iterations; the first row that holds (evidence:
 # bench/RESULTS.md#fine-tuning-without-forgetting-measured-not-solved). A value set by flag or yaml stays as set.
 FINE_TUNING = (
-    ("{n} iterations end within the {w}-iteration warmup", lambda n, w: n <= w,
+    ("{n} iterations, under 1.5x the {w}-iteration warmup", lambda n, w: n < 1.5 * w,
      dict(lr0=0.002, warmup_bias_lr=0.01),
-     "the rate never reaches lr0; biases from 0.1 would move the pretrained ones far"),
-    ("{n} iterations outlast the {w}-iteration warmup", lambda n, w: n < 1.5 * w,
-     dict(lr0=0.00143, warmup_bias_lr=0.01),
-     "AdamW moves each weight by about its rate a step: a lower rate keeps the pretrained features"),
+     "such a run lies mostly in its warmup, under lr0; biases from 0.1 would move the pretrained ones far"),
     ("{n} iterations, 1.5x the {w}-iteration warmup or more", lambda n, w: True,
      dict(lr0=0.00143, nominal_batch=64, warmup_bias_lr=0.0, momentum=0.9, ema_floor=0.9),
      "a step per batch tore such runs down mid-run; Ultralytics' AdamW settings and a short EMA do not"),
