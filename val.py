@@ -91,6 +91,9 @@ if len(predictor.names) != data["nc"]:
 out = Path(args.out) if args.out else next_run_dir("runs/val/exp")
 out.mkdir(parents=True, exist_ok=True)
 log = setup_logging(out / "val.log")
+if data["inferred_yaml"]:  # a folder as --data: the yaml it amounts to, beside the scores, to copy and edit
+    write_run_file(out / "data.yaml", data["inferred_yaml"])
+    log.info(f"{args.data}: read as this dataset yaml, saved as {out / 'data.yaml'}:\n{data['inferred_yaml']}")
 shape, note = inference_size(predictor, args.imgsz)
 if note:
     log.info(f"note: {note}")

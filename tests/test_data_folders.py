@@ -239,7 +239,8 @@ def test_train_on_a_folder_prints_and_saves_the_yaml_and_val_takes_the_folder(se
         f for f in files_under(tmp_path / "export") if f.endswith((".cache.npz", ".verify.log"))
     }  # only the label caches beside labels/, as for any YOLO set
     out = tmp_path / "val"
-    run(["val.py", "--weights", tmp_path / "run" / "weights" / "best.pt", "--data", tmp_path / "export",
-         "--out", out, "--workers", "0", "--batch", "4", "--device", "cpu"])  # fmt: skip
+    result = run(["val.py", "--weights", tmp_path / "run" / "weights" / "best.pt", "--data", tmp_path / "export",
+                  "--out", out, "--workers", "0", "--batch", "4", "--device", "cpu"])  # fmt: skip
+    assert (out / "data.yaml").read_text() == text and text in result.stdout + result.stderr  # as train.py's
     metrics = json.loads((out / "metrics.json").read_text())
     assert 0 <= metrics["mAP50"] <= 1 and len(metrics["per_class"]) == len(NAMES)
