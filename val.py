@@ -22,7 +22,7 @@ from pathlib import Path
 
 from models.predict import inference_size, load
 from utils.checkpoints.ours import CheckpointError, weights_or_newest
-from utils.data.dataset_yaml import DatasetError, load_dataset_yaml
+from utils.data.dataset_yaml import DatasetError, load_dataset_yaml, save_inferred_yaml
 from utils.data.labels import MAX_PIXELS, load_verified, single_class
 from utils.data.loader import ValDataset, fix_cv2_and_file_limits, make_loader
 from utils.distributed import select_device
@@ -91,9 +91,8 @@ if len(predictor.names) != data["nc"]:
 out = Path(args.out) if args.out else next_run_dir("runs/val/exp")
 out.mkdir(parents=True, exist_ok=True)
 log = setup_logging(out / "val.log")
-if data["inferred_yaml"]:  # a folder as --data: the yaml it amounts to, beside the scores, to copy and edit
-    write_run_file(out / "data.yaml", data["inferred_yaml"])
-    log.info(f"{args.data}: read as this dataset yaml, saved as {out / 'data.yaml'}:\n{data['inferred_yaml']}")
+if data["inferred_yaml"]:  # a folder as --data: the yaml it amounts to, beside the scores
+    save_inferred_yaml(data, out / "data.yaml")
 shape, note = inference_size(predictor, args.imgsz)
 if note:
     log.info(f"note: {note}")

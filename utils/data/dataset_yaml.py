@@ -61,11 +61,20 @@ def _read_folder(folder, save_to):
         cfg, layout = folders.infer_dataset_yaml(folder)
     out = _read_dataset(own or folder, cfg)
     out["inferred_yaml"] = folders.yaml_text(cfg, out["names"], folder, layout)
-    log.info(f"{folder}: a folder, read as {layout}; the dataset yaml it amounts to:\n{out['inferred_yaml']}")
-    if save_to is not None:
-        write_run_file(save_to, out["inferred_yaml"])
-        log.info(f"that yaml is saved as {save_to}: copy it, edit it and give it as --data")
+    if save_to is None:
+        log.info(f"{folder}: a folder, read as {layout}; the dataset yaml it amounts to:\n{out['inferred_yaml']}")
+    else:
+        save_inferred_yaml(out, save_to)
     return out
+
+
+def save_inferred_yaml(data, path):
+    """A folder read as --data: the yaml it amounts to (its first line names the folder and layout) saved as `path`
+    and logged, so that the user can copy and edit it. A script whose logging starts after it read the data calls
+    this itself; train.py passes `path` to load_dataset_yaml."""
+    write_run_file(path, data["inferred_yaml"])
+    log.info(f"the dataset yaml it amounts to, saved as {path}: copy it, edit it and give it as --data\n"
+             f"{data['inferred_yaml']}")  # fmt: skip
 
 
 def _read_dataset(path, cfg=None):
